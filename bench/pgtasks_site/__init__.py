@@ -1,0 +1,1 @@
+"""A minimal Django project for the benchmark's django-pgtasks workers (see settings.py)."""

@@ -1,0 +1,343 @@
+"""The queues under test, each behind the same small interface, and the raw-SQL ceiling.
+
+A :class:`System` knows how to start its workers, tell when they are ready, seed no-op tasks in
+one statement, enqueue one task, and read back from the database when each task started and
+finished. bench/run.py drives them all the same way.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from common import (
+    DJTASKS_SETTINGS,
+    PGTASKS_SETTINGS,
+    PROCRASTINATE_APP,
+    ROOT,
+    child_env,
+    connect,
+    peers_python,
+    self_cpu,
+)
+
+PGTASKS_NAME = "bench.noop"
+DJTASKS_PATH = "bench.peers.djtasks_tasks.noop"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Worker processes x threads (or concurrent jobs) per process, plus options."""
+
+    processes: int = 1
+    concurrency: int | None = None  # None: the system's default
+    prefetch: int | None = None  # django-pgtasks only; None: the default (PREFETCH)
+    interval: float | None = None  # django-tasks-db only: --interval; None: its default
+
+    @classmethod
+    def parse(cls, text: str) -> Config:
+        """``PxC`` / ``PxC+F`` (F = prefetch) / ``P`` / ``default``; ``@I`` sets --interval."""
+        interval = None
+        if "@" in text:
+            text, _, value = text.partition("@")
+            interval = float(value)
+        if text == "default":
+            return cls(interval=interval)
+        prefetch = None
+        if "+" in text:
+            text, _, value = text.partition("+")
+            prefetch = int(value)
+        procs, _, conc = text.partition("x")
+        return cls(int(procs), int(conc) if conc else None, prefetch, interval)
+
+    def label(self, default_concurrency: int) -> str:
+        c = self.concurrency or default_concurrency
+        text = f"{self.processes}x{c}"
+        if self.prefetch:
+            text += f"+{self.prefetch}"
+        if self.interval is not None:
+            text += f"@{self.interval:g}"
+        return text
+
+
+class System:
+    name: str
+    app_name: str  # application_name of the workers' sessions (PGAPPNAME)
+    default_concurrency: int = 1
+
+    def __init__(self, dbname: str) -> None:
+        self.dbname = dbname
+
+    # -- workers --
+    def commands(self, config: Config) -> list[list[str]]:
+        raise NotImplementedError
+
+    def start(self, config: Config, **env: str) -> list[subprocess.Popen]:
+        """Start the worker processes; their stderr goes to a temporary file (a pipe that
+        nobody reads could fill up and block a worker)."""
+        env = child_env(self.dbname, PGAPPNAME=self.app_name, **env)
+        procs = []
+        for cmd in self.commands(config):
+            errors = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the worker
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=errors)
+            proc.stderr = errors  # read back by common.stderr_of()
+            procs.append(proc)
+        return procs
+
+    def expected_sessions(self, config: Config) -> int:
+        return config.processes
+
+    def ready(self, conn, config: Config) -> bool:
+        """All worker processes are connected and waiting for work."""
+        raise NotImplementedError
+
+    # -- data --
+    def reset(self, conn) -> None:
+        raise NotImplementedError
+
+    def seed(self, conn, n: int) -> None:
+        raise NotImplementedError
+
+    def remaining(self, conn) -> int:
+        raise NotImplementedError
+
+    def window(self, conn) -> tuple[int, float]:
+        """(tasks finished, seconds from the first start to the last finish)."""
+        raise NotImplementedError
+
+    def enqueue_one(self, conn) -> object:
+        raise NotImplementedError
+
+    def started(self, conn, key: object) -> bool:
+        raise NotImplementedError
+
+    def latencies_ms(self, conn) -> list[float]:
+        """Enqueue-to-start latency of every started task, from the stored timestamps."""
+        raise NotImplementedError
+
+
+class PgTasks(System):
+    name = "django-pgtasks"
+    app_name = "bench pgtasks"
+    default_concurrency = 4  # PGTASKS["CONCURRENCY"]
+
+    def __init__(self, dbname: str, python: str) -> None:
+        super().__init__(dbname)
+        self.python = python
+
+    def commands(self, config: Config) -> list[list[str]]:
+        cmd = [self.python, "-m", "django", "run_pgtasks", "--settings", PGTASKS_SETTINGS,
+               "--log-level", "WARNING", "--processes", str(config.processes)]
+        if config.concurrency:
+            cmd += ["--concurrency", str(config.concurrency)]
+        if config.prefetch is not None:
+            cmd += ["--prefetch", str(config.prefetch)]
+        return [cmd]
+
+    def ready(self, conn, config: Config) -> bool:
+        workers = conn.execute("SELECT count(*) FROM pgtasks_worker").fetchone()[0]
+        listening = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query = "
+            "'LISTEN pgtasks'", [self.dbname]).fetchone()[0]
+        return workers >= config.processes and listening >= config.processes
+
+    def reset(self, conn) -> None:
+        conn.execute("TRUNCATE pgtasks_task, pgtasks_worker")
+
+    def seed(self, conn, n: int) -> None:
+        conn.execute(
+            "INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, status, attempt, "
+            "max_attempts, error_text, metadata) SELECT %s, 'default', '[]', '{}', 100, "
+            "'READY', 0, 3, '', '{}' FROM generate_series(1, %s)", [PGTASKS_NAME, n])
+
+    def remaining(self, conn) -> int:
+        # Both states are covered by partial indexes, so this stays cheap on a large table.
+        return conn.execute(
+            "SELECT count(*) FROM pgtasks_task WHERE status IN ('READY', 'AWAITING_RETRY', "
+            "'RUNNING')").fetchone()[0]
+
+    def window(self, conn) -> tuple[int, float]:
+        done, seconds = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'SUCCESSFUL'), "
+            "extract(epoch FROM max(finished_at) - min(started_at)) FROM pgtasks_task"
+        ).fetchone()
+        return done, float(seconds or 0)
+
+    def enqueue_one(self, conn) -> object:
+        from django_pgtasks.models import Task
+
+        return Task.objects.enqueue(PGTASKS_NAME).pk  # the public API, its own transaction
+
+    def started(self, conn, key: object) -> bool:
+        return conn.execute("SELECT started_at IS NOT NULL FROM pgtasks_task WHERE id = %s",
+                            [key]).fetchone()[0]
+
+    def latencies_ms(self, conn) -> list[float]:
+        rows = conn.execute("SELECT extract(epoch FROM started_at - created_at) * 1000 "
+                            "FROM pgtasks_task WHERE started_at IS NOT NULL ORDER BY id")
+        return [float(r[0]) for r in rows]
+
+
+class Procrastinate(System):
+    name = "procrastinate"
+    app_name = "bench procrastinate"
+    default_concurrency = 1  # procrastinate worker --concurrency default
+
+    def commands(self, config: Config) -> list[list[str]]:
+        cmd = [str(peers_python()), "-m", "procrastinate", "--app", PROCRASTINATE_APP,
+               "--log-level", "warning", "worker"]
+        if config.concurrency:
+            cmd += ["--concurrency", str(config.concurrency)]
+        return [cmd] * config.processes
+
+    def start(self, config: Config, **env: str) -> list[subprocess.Popen]:
+        return super().start(config, BENCH_POOL_SIZE=str((config.concurrency or 1) + 2))
+
+    def ready(self, conn, config: Config) -> bool:
+        workers = conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone()[0]
+        listening = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = "
+            "%s AND query LIKE 'LISTEN%%'", [self.dbname, self.app_name]).fetchone()[0]
+        return workers >= config.processes and listening >= config.processes
+
+    def reset(self, conn) -> None:
+        conn.execute("TRUNCATE procrastinate_events, procrastinate_periodic_defers, "
+                     "procrastinate_jobs, procrastinate_workers")
+
+    def seed(self, conn, n: int) -> None:
+        conn.execute("INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
+                     "SELECT 'default', 'noop', '{}' FROM generate_series(1, %s)", [n])
+
+    def remaining(self, conn) -> int:
+        return conn.execute("SELECT count(*) FROM procrastinate_jobs "
+                            "WHERE status <> 'succeeded'").fetchone()[0]
+
+    def window(self, conn) -> tuple[int, float]:
+        done, seconds = conn.execute(
+            "SELECT count(*) FILTER (WHERE type = 'succeeded'), extract(epoch FROM "
+            "max(at) FILTER (WHERE type = 'succeeded') - min(at) FILTER (WHERE type = "
+            "'started')) FROM procrastinate_events").fetchone()
+        return done, float(seconds or 0)
+
+    def enqueue_one(self, conn) -> object:
+        # What App.defer() sends: the schema's defer function, in its own transaction.
+        return conn.execute(
+            "SELECT procrastinate_defer_jobs_v1(ARRAY[ROW('default', 'noop', 0, NULL, NULL, "
+            "'{}'::jsonb, NULL)::procrastinate_job_to_defer_v1])").fetchone()[0][0]
+
+    def started(self, conn, key: object) -> bool:
+        return conn.execute("SELECT status <> 'todo' FROM procrastinate_jobs WHERE id = %s",
+                            [key]).fetchone()[0]
+
+    def latencies_ms(self, conn) -> list[float]:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM s.at - d.at) * 1000 FROM procrastinate_events d "
+            "JOIN procrastinate_events s ON s.job_id = d.job_id AND s.type = 'started' "
+            "WHERE d.type = 'deferred' ORDER BY d.job_id")
+        return [float(r[0]) for r in rows]
+
+
+class DjTasksDb(System):
+    name = "django-tasks-db"
+    app_name = "bench django-tasks-db"
+
+    def commands(self, config: Config) -> list[list[str]]:
+        cmd = [str(peers_python()), "-m", "django", "db_worker", "--settings",
+               DJTASKS_SETTINGS, "--no-reload", "--no-startup-delay", "-v", "0"]
+        if config.interval is not None:
+            cmd += ["--interval", f"{config.interval:g}"]
+        return [[*cmd, "--worker-id", f"bench-{i}"] for i in range(config.processes)]
+
+    def ready(self, conn, config: Config) -> bool:
+        sessions = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = "
+            "%s", [self.dbname, self.app_name]).fetchone()[0]
+        return sessions >= config.processes
+
+    def reset(self, conn) -> None:
+        conn.execute("TRUNCATE django_tasks_database_dbtaskresult")
+
+    INSERT = (
+        "INSERT INTO django_tasks_database_dbtaskresult (id, status, args_kwargs, priority, "
+        "task_path, queue_name, backend_name, run_after, enqueued_at, exception_class_path, "
+        "traceback, worker_ids) SELECT gen_random_uuid(), 'READY', "
+        "'{\"args\": [], \"kwargs\": {}}', 0, %s, 'default', 'default', "
+        "'9999-01-01 00:00:00+00', clock_timestamp(), '', '', '[]' "
+    )
+
+    def seed(self, conn, n: int) -> None:
+        conn.execute(self.INSERT + "FROM generate_series(1, %s)", [DJTASKS_PATH, n])
+
+    def remaining(self, conn) -> int:
+        return conn.execute("SELECT count(*) FROM django_tasks_database_dbtaskresult "
+                            "WHERE status <> 'SUCCESSFUL'").fetchone()[0]
+
+    def window(self, conn) -> tuple[int, float]:
+        done, seconds = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'SUCCESSFUL'), "
+            "extract(epoch FROM max(finished_at) - min(started_at)) "
+            "FROM django_tasks_database_dbtaskresult").fetchone()
+        return done, float(seconds or 0)
+
+    def enqueue_one(self, conn) -> object:
+        # enqueued_at is the enqueuing client's clock (same host as the worker, whose
+        # started_at is its own clock).
+        return conn.execute(self.INSERT + "RETURNING id", [DJTASKS_PATH]).fetchone()[0]
+
+    def started(self, conn, key: object) -> bool:
+        return conn.execute("SELECT started_at IS NOT NULL FROM "
+                            "django_tasks_database_dbtaskresult WHERE id = %s",
+                            [key]).fetchone()[0]
+
+    def latencies_ms(self, conn) -> list[float]:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM started_at - enqueued_at) * 1000 FROM "
+            "django_tasks_database_dbtaskresult WHERE started_at IS NOT NULL")
+        return [float(r[0]) for r in rows]
+
+
+# -- the raw-SQL ceiling ---------------------------------------------------------------------
+
+CEILING_CLAIM = """
+UPDATE pgtasks_task t SET status = 'RUNNING', locked_by = %s, locked_at = now(),
+       started_at = now(), attempt = t.attempt + 1
+FROM (SELECT id FROM pgtasks_task WHERE status IN ('READY', 'AWAITING_RETRY')
+      AND run_after <= now() AND queue = 'default'
+      ORDER BY priority DESC, run_after, id LIMIT %s FOR UPDATE SKIP LOCKED) c
+WHERE t.id = c.id RETURNING t.id
+"""
+CEILING_DONE = ("UPDATE pgtasks_task SET status = 'SUCCESSFUL', finished_at = now(), "
+                "locked_at = NULL WHERE id = ANY(%s) AND status = 'RUNNING' AND locked_by = %s")
+
+
+def raw_drain(dbname: str, threads: int, batch: int, max_seconds: float) -> float:
+    """Plain psycopg loops on django-pgtasks' table: claim ``batch`` tasks in one statement
+    (autocommit), complete them in one guarded UPDATE; no handler, no ORM. Stops when the
+    queue is empty or after ``max_seconds``. Returns the CPU seconds this process spent."""
+    cpu = self_cpu()
+    errors: list[BaseException] = []
+    deadline = time.monotonic() + max_seconds
+
+    def loop(i: int) -> None:
+        try:
+            with connect(dbname) as conn:
+                me = f"raw-{i}"
+                while ids := [r[0] for r in conn.execute(CEILING_CLAIM, [me, batch])]:
+                    conn.execute(CEILING_DONE, [ids, me])
+                    if time.monotonic() > deadline:
+                        break
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+    return self_cpu() - cpu

@@ -1,0 +1,38 @@
+"""django-pgtasks: a task queue for Django on PostgreSQL (SELECT ... FOR UPDATE SKIP LOCKED).
+
+Public API::
+
+    from django_pgtasks import pgtask, FatalError
+    from django_pgtasks.models import Task
+
+    @pgtask(queue="emails", max_attempts=5)
+    def send_welcome(user_id): ...
+
+    Task.objects.enqueue(send_welcome, 42)   # or send_welcome.enqueue(42)
+"""
+
+from .exceptions import (
+    FatalError,
+    InvalidPayloadError,
+    InvalidTaskError,
+    LeaseLostError,
+    PgTasksError,
+    UnknownQueueError,
+    UnknownTaskError,
+)
+from .registry import TaskContext, TaskHandler, pgtask
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FatalError",
+    "InvalidPayloadError",
+    "InvalidTaskError",
+    "LeaseLostError",
+    "PgTasksError",
+    "TaskContext",
+    "TaskHandler",
+    "UnknownQueueError",
+    "UnknownTaskError",
+    "pgtask",
+]

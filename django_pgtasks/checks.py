@@ -1,0 +1,165 @@
+"""System checks (``manage.py check``) for the ``PGTASKS`` setting and the database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+from django.db import connections
+
+from .conf import DEFAULTS, pgtasks_settings
+from .retry import POLICIES
+from .validation import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RE
+
+
+def _error(msg: str, id: str, hint: str | None = None) -> Error:
+    return Error(msg, hint=hint, obj="PGTASKS", id=f"django_pgtasks.{id}")
+
+
+@register(Tags.database, Tags.compatibility)
+def check_database(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    alias = pgtasks_settings.DATABASE
+    if alias not in settings.DATABASES:
+        return [_error(
+            f"PGTASKS['DATABASE'] is {alias!r}, which is not an alias in DATABASES.",
+            "E001", hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+        )]
+    if connections[alias].vendor != "postgresql":
+        return [_error(
+            f"The task database {alias!r} uses the {connections[alias].vendor!r} backend; "
+            f"django-pgtasks needs PostgreSQL (django.db.backends.postgresql).",
+            "E002", hint="Point PGTASKS['DATABASE'] at a PostgreSQL alias.",
+        )]
+    return []
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    errors: list[Error | Warning] = []
+    user = pgtasks_settings.user_settings
+    for key in sorted(set(user) - set(DEFAULTS)):
+        errors.append(_error(
+            f"PGTASKS has an unknown key {key!r}.", "E003",
+            hint="See the settings reference for the valid keys (is it misspelt?).",
+        ))
+    queues = pgtasks_settings.QUEUES
+    if not isinstance(queues, list | tuple | dict) or not queues:
+        errors.append(_error("PGTASKS['QUEUES'] must be a non-empty list or dict.", "E004"))
+        return errors
+    for name in pgtasks_settings.queue_names:
+        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+            errors.append(_error(
+                f"Queue name {name!r} is invalid; use 1-100 letters, digits, '_', '.', ':' "
+                f"or '-', starting with a letter or digit.", "E005",
+            ))
+    if pgtasks_settings.DEFAULT_QUEUE not in pgtasks_settings.queue_names:
+        errors.append(_error(
+            f"PGTASKS['DEFAULT_QUEUE'] {pgtasks_settings.DEFAULT_QUEUE!r} is not in "
+            f"PGTASKS['QUEUES'].", "E006",
+        ))
+    priority = pgtasks_settings.DEFAULT_PRIORITY
+    if not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        errors.append(_error(
+            f"PGTASKS['DEFAULT_PRIORITY'] must be an integer from {PRIORITY_MIN} to "
+            f"{PRIORITY_MAX}.", "E007",
+        ))
+    backoff = pgtasks_settings.BACKOFF
+    if not callable(backoff) and backoff not in POLICIES:
+        errors.append(_error(
+            f"PGTASKS['BACKOFF'] is {backoff!r}; use one of {sorted(POLICIES)} or a callable.",
+            "E008",
+        ))
+    positive_ints = ("MAX_ATTEMPTS", "CONCURRENCY", "ERROR_TEXT_LIMIT", "MAX_PAYLOAD_BYTES",
+                     "MAX_PAYLOAD_DEPTH")
+    for key in positive_ints:
+        value = getattr(pgtasks_settings, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            errors.append(_error(f"PGTASKS[{key!r}] must be a positive integer.", "E009"))
+    non_negative = ("BACKOFF_BASE", "BACKOFF_MAX", "BACKOFF_JITTER", "TASK_PAUSE",
+                    "SHUTDOWN_GRACE", "RESCUE_GRACE", "COMPLETION_WINDOW")
+    positive = ("POLL_INTERVAL", "ERROR_PAUSE", "ERROR_PAUSE_MAX", "HEARTBEAT_INTERVAL",
+                "WORKER_TIMEOUT", "RESCUE_INTERVAL")
+    for key in non_negative + positive:
+        value = getattr(pgtasks_settings, key)
+        if (not isinstance(value, int | float) or isinstance(value, bool) or value < 0
+                or (key in positive and value == 0)):
+            kind = "a positive" if key in positive else "a non-negative"
+            errors.append(_error(f"PGTASKS[{key!r}] must be {kind} number of seconds.", "E010"))
+    prefetch = pgtasks_settings.PREFETCH
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+        errors.append(_error("PGTASKS['PREFETCH'] must be an integer >= 0.", "E013"))
+    for key in ("LISTEN", "AUTODISCOVER"):
+        if not isinstance(getattr(pgtasks_settings, key), bool):
+            errors.append(_error(f"PGTASKS[{key!r}] must be True or False.", "E012"))
+    if pgtasks_settings.LIVENESS not in ("advisory_lock", "heartbeat"):
+        errors.append(_error(
+            f"PGTASKS['LIVENESS'] is {pgtasks_settings.LIVENESS!r}; use 'advisory_lock' or "
+            f"'heartbeat'.", "E011",
+        ))
+    heartbeat = pgtasks_settings.HEARTBEAT_INTERVAL
+    for key in ("RESCUE_GRACE", "WORKER_TIMEOUT"):
+        value = getattr(pgtasks_settings, key)
+        if (isinstance(value, int | float) and isinstance(heartbeat, int | float)
+                and value < 2 * heartbeat):
+            errors.append(Warning(
+                f"PGTASKS[{key!r}] ({value}s) is less than two heartbeat intervals "
+                f"({heartbeat}s each): live workers may be taken for lost.",
+                obj="PGTASKS", id="django_pgtasks.W001",
+            ))
+    return errors
+
+
+@register(Tags.compatibility)
+def check_retention(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """The purge settings (see :mod:`django_pgtasks.retention`)."""
+    errors: list[Error] = []
+    s = pgtasks_settings
+    for key in ("RETENTION", "FAILED_RETENTION", "ARCHIVE_RETENTION"):
+        value = getattr(s, key)
+        seconds = value.total_seconds() if isinstance(value, timedelta) else value
+        if value is not None and (not isinstance(seconds, int | float)
+                                  or isinstance(seconds, bool) or seconds < 0):
+            errors.append(_error(
+                f"PGTASKS[{key!r}] must be a non-negative number of seconds, a timedelta, or "
+                f"None (keep forever).", "E020",
+            ))
+    interval = s.PURGE_INTERVAL
+    if interval is not None and (not isinstance(interval, int | float)
+                                 or isinstance(interval, bool) or interval < 0):
+        errors.append(_error(
+            "PGTASKS['PURGE_INTERVAL'] must be a non-negative number of seconds, or 0 or None "
+            "to turn the automatic purge off.", "E010",
+        ))
+    batch = s.PURGE_BATCH
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        errors.append(_error("PGTASKS['PURGE_BATCH'] must be a positive integer.", "E009"))
+    if not isinstance(s.ARCHIVE, bool):
+        errors.append(_error("PGTASKS['ARCHIVE'] must be True or False.", "E012"))
+    return errors
+
+
+@register(Tags.compatibility)
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """Periodic tasks: ``SCHEDULE``, ``SCHEDULER_INTERVAL``, ``MISSED_RUNS``."""
+    from .scheduling import MISSED_RUNS_POLICIES, check
+
+    errors: list[Error | Warning] = []
+    interval = pgtasks_settings.SCHEDULER_INTERVAL
+    if not isinstance(interval, int | float) or isinstance(interval, bool) or interval < 0:
+        errors.append(_error(
+            "PGTASKS['SCHEDULER_INTERVAL'] must be a non-negative number of seconds "
+            "(0 turns the scheduler off).", "E010",
+        ))
+    policy = pgtasks_settings.MISSED_RUNS
+    if policy not in MISSED_RUNS_POLICIES:
+        errors.append(_error(
+            f"PGTASKS['MISSED_RUNS'] is {policy!r}; use one of "
+            f"{', '.join(map(repr, MISSED_RUNS_POLICIES))}.", "E033",
+        ))
+    for problem in check():
+        make = Warning if problem.id.startswith("W") else Error
+        errors.append(make(problem.message, hint=problem.hint, obj="PGTASKS",
+                           id=f"django_pgtasks.{problem.id}"))
+    return errors

@@ -1,0 +1,147 @@
+"""Settings for django-pgtasks, read from the ``PGTASKS`` dict in Django settings.
+
+Every key has a default, listed in :data:`DEFAULTS` and documented in
+``docs/reference/settings.md``. Settings are read lazily (never at import time), so
+``override_settings(PGTASKS=...)`` in tests takes effect immediately.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+
+#: The documented defaults. Keys not listed here are rejected by the system checks.
+DEFAULTS: dict[str, Any] = {
+    # Database alias that holds the task table.
+    "DATABASE": "default",
+    # Queues that tasks may be enqueued to. A list of names, or a dict name -> options.
+    "QUEUES": ["default"],
+    # Queue used when neither the handler nor the enqueue call names one.
+    "DEFAULT_QUEUE": "default",
+    # Priority used when neither the handler nor the enqueue call sets one (0..200, higher first).
+    "DEFAULT_PRIORITY": 100,
+    # Attempts a task gets before it ends FAILED (1 = never retried).
+    "MAX_ATTEMPTS": 3,
+    # Retry delay policy: "exponential" (with jitter) or "linear".
+    "BACKOFF": "exponential",
+    # Seconds: first retry delay (exponential) or the per-attempt step (linear).
+    "BACKOFF_BASE": 10.0,
+    # Seconds: upper bound for any retry delay.
+    "BACKOFF_MAX": 3600.0,
+    # Fraction of random jitter added to/subtracted from each retry delay (0 disables it).
+    "BACKOFF_JITTER": 0.25,
+    # Characters of error text (exception, message, traceback tail) kept per task.
+    "ERROR_TEXT_LIMIT": 4000,
+    # Largest accepted serialized JSON payload (args + kwargs), in bytes.
+    "MAX_PAYLOAD_BYTES": 256 * 1024,
+    # Deepest accepted nesting of lists/dicts in a payload.
+    "MAX_PAYLOAD_DEPTH": 32,
+    # Worker threads per worker process.
+    "CONCURRENCY": 4,
+    # Tasks a worker claims beyond its free threads, so the next task is at hand the moment a
+    # thread frees up and claims come in batches. They show as RUNNING while they wait, and
+    # are given back at once (the attempt not counted) when the worker stops.
+    "PREFETCH": 0,
+    # Seconds successes are collected before being recorded together in one UPDATE
+    # (default mode only; atomic=True handlers commit their own). 0 records each at once.
+    "COMPLETION_WINDOW": 0.005,
+    # Seconds an idle worker waits before looking for work again. With LISTEN on, new work
+    # wakes it at once and this is only the safety net (lost notifications, poolers).
+    "POLL_INTERVAL": 5.0,
+    # Wake idle workers through LISTEN/NOTIFY. Turn off behind PgBouncer in transaction mode
+    # (and lower POLL_INTERVAL, which then decides the latency).
+    "LISTEN": True,
+    # Seconds paused between two tasks in one worker thread (0 = none).
+    "TASK_PAUSE": 0.0,
+    # Seconds paused after a database error; doubles on each further error up to ERROR_PAUSE_MAX.
+    "ERROR_PAUSE": 0.5,
+    "ERROR_PAUSE_MAX": 30.0,
+    # Seconds running tasks get to finish after SIGTERM/SIGINT before the worker exits anyway.
+    "SHUTDOWN_GRACE": 30.0,
+    # Import the ``tasks`` module of every installed app at start-up so handlers register.
+    "AUTODISCOVER": True,
+    # How workers prove they are alive: "advisory_lock" (a session-level lock held on a
+    # dedicated connection, plus heartbeats) or "heartbeat" (heartbeats only; for poolers
+    # such as PgBouncer in transaction mode, where session-level locks do not work).
+    "LIVENESS": "advisory_lock",
+    # Seconds between two heartbeats of a worker (an UPDATE of its row in pgtasks_worker).
+    "HEARTBEAT_INTERVAL": 2.0,
+    # Seconds a worker whose liveness lock is gone must also have been silent before its
+    # tasks are rescued: covers a database restart, during which every lock vanishes.
+    "RESCUE_GRACE": 5.0,
+    # Seconds without a heartbeat after which a worker counts as lost even if its lock is
+    # held (hung process, or LIVENESS="heartbeat"); also the lease of tasks claimed by code
+    # that is not a registered worker.
+    "WORKER_TIMEOUT": 60.0,
+    # Seconds between two rescue passes; one worker at a time runs each pass.
+    "RESCUE_INTERVAL": 2.0,
+    # Finished tasks (SUCCESSFUL, CANCELLED) are purged this long after they finished, on the
+    # database clock: seconds or a timedelta; None keeps them forever. docs/howto/retention.md.
+    "RETENTION": timedelta(days=7),
+    # FAILED tasks are kept longer, so operators can inspect them (seconds, timedelta or None).
+    "FAILED_RETENTION": timedelta(days=30),
+    # Move purged tasks to the table pgtasks_task_archive instead of deleting them.
+    "ARCHIVE": False,
+    # Archived tasks are deleted this long after they were archived (None keeps them forever).
+    "ARCHIVE_RETENTION": timedelta(days=90),
+    # Seconds between two purge turns in each worker; one worker at a time purges, and a turn
+    # stops after 50 batches or 1 second. 0 or None turns the automatic purge off.
+    "PURGE_INTERVAL": 300.0,
+    # Rows deleted or archived per purge batch; each batch is its own short transaction.
+    "PURGE_BATCH": 1000,
+    # Periodic tasks declared in settings: schedule name -> {"task": "<registered name>",
+    # "schedule": <period or cron>, and optionally "args", "kwargs", "queue", "timezone",
+    # "enabled"}. Handlers can also declare one with @pgtask(schedule=...).
+    # docs/howto/periodic.md.
+    "SCHEDULE": {},
+    # Seconds between two scheduler passes in each worker (0 turns the scheduler off there).
+    "SCHEDULER_INTERVAL": 1.0,
+    # Planned runs missed while no worker ran: "once" (one run stands for all of them),
+    # "skip" (none), or "all" (one per missed time, at most 100).
+    "MISSED_RUNS": "once",
+}
+
+
+class PgTasksSettings:
+    """Attribute access to ``settings.PGTASKS`` merged over :data:`DEFAULTS`."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        value = getattr(django_settings, "PGTASKS", None)
+        return dict(value) if value else {}
+
+    def _merged(self) -> dict[str, Any]:
+        if self._cache is None:
+            self._cache = {**DEFAULTS, **self.user_settings}
+        return self._cache
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in DEFAULTS:
+            raise AttributeError(f"Unknown django-pgtasks setting {name!r}.")
+        return self._merged()[name]
+
+    @property
+    def queue_names(self) -> list[str]:
+        """Configured queue names, in the order they were declared."""
+        queues = self.QUEUES
+        return list(queues.keys()) if isinstance(queues, dict) else list(queues)
+
+    def reload(self) -> None:
+        self._cache = None
+
+
+pgtasks_settings = PgTasksSettings()
+
+
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "PGTASKS":
+        pgtasks_settings.reload()
+
+
+setting_changed.connect(_reload)

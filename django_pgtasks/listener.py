@@ -1,0 +1,115 @@
+"""Instant wake-ups: LISTEN for new work on a dedicated connection.
+
+Triggers on the task table (migration 0004) notify the channel ``pgtasks`` at commit whenever
+a task becomes claimable (payload: its queue) or pending for later (payload:
+``"<queue>@<seconds from now>"``). A :class:`Listener` thread per worker process receives them
+and sets the worker's wake-up event, so an idle worker starts a new task within milliseconds
+instead of at its next poll, and sleeps until the earliest delayed task it heard of instead of
+polling for it. The worker still polls every ``POLL_INTERVAL`` seconds as a safety net:
+notifications are lost while nobody listens, and not all poolers pass them through.
+
+``PGTASKS["LISTEN"] = False`` turns this off (PgBouncer in transaction mode cannot LISTEN).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Iterable
+
+import psycopg
+from django.db import connections
+
+logger = logging.getLogger("django_pgtasks.listener")
+
+CHANNEL = "pgtasks"
+#: Delayed tasks a listener keeps track of; beyond that the poll finds them.
+MAX_REMEMBERED = 10_000
+
+
+class Listener:
+    """Listens for notifications about ``queues`` and sets ``wakeup`` when one matters."""
+
+    def __init__(self, using: str, queues: Iterable[str], wakeup: threading.Event) -> None:
+        self.using = using
+        self.queues = set(queues)
+        self.wakeup = wakeup
+        self._stopped = threading.Event()
+        # time.monotonic() of each delayed task heard of (a heap: the earliest first).
+        self._due: list[float] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="pgtasks-listener", daemon=True)
+        self.connected = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+
+    def seconds_until_due(self) -> float | None:
+        """Seconds until the earliest delayed task heard of (``None`` if none)."""
+        with self._lock:
+            if not self._due:
+                return None
+            return max(self._due[0] - time.monotonic(), 0.0)
+
+    def claimed_all_due(self) -> None:
+        """The worker found nothing more to claim: forget delayed tasks that are due by now."""
+        now = time.monotonic()
+        with self._lock:
+            while self._due and self._due[0] <= now:
+                heapq.heappop(self._due)
+
+    def _handle(self, payload: str) -> None:
+        queue, _, delay = payload.partition("@")
+        if queue not in self.queues:
+            return
+        if not delay:
+            self.wakeup.set()
+            return
+        try:
+            due = time.monotonic() + float(delay)
+        except ValueError:
+            return
+        with self._lock:
+            heapq.heappush(self._due, due)
+            if len(self._due) > MAX_REMEMBERED:  # keep the earliest; the poll covers the rest
+                self._due = heapq.nsmallest(MAX_REMEMBERED // 2, self._due)
+        self.wakeup.set()  # let the worker shorten its sleep to the new deadline
+
+    def _connect(self) -> psycopg.Connection:
+        params = connections[self.using].get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        params.pop("prepare_threshold", None)
+        conn = psycopg.connect(**params, autocommit=True)
+        conn.execute(f"LISTEN {CHANNEL}")
+        return conn
+
+    def _run(self) -> None:
+        pause = 0.5
+        while not self._stopped.is_set():
+            try:
+                conn = self._connect()
+            except psycopg.Error as exc:
+                logger.warning("Listener could not connect: %s; retrying in %.1fs.", exc, pause)
+                self._stopped.wait(pause)
+                pause = min(pause * 2, 30.0)
+                continue
+            pause = 0.5
+            self.connected.set()
+            # Anything sent while we were not listening is lost: look for work once.
+            self.wakeup.set()
+            try:
+                with conn:
+                    while not self._stopped.is_set():
+                        for notification in conn.notifies(timeout=0.5):
+                            self._handle(notification.payload)
+            except psycopg.Error as exc:
+                self.connected.clear()
+                if not self._stopped.is_set():
+                    logger.warning("Listener connection lost: %s; reconnecting.", exc)

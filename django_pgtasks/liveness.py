@@ -1,0 +1,251 @@
+"""Worker liveness and the rescue of abandoned tasks.
+
+Every worker process registers a row in ``pgtasks_worker`` and, on a dedicated connection (not
+one the ORM uses for tasks), takes a *session-level advisory lock* keyed by that row. It then
+refreshes ``last_seen_at`` every ``HEARTBEAT_INTERVAL`` seconds — one small UPDATE per worker,
+never per task.
+
+A running task is **abandoned** when one of these holds (``abandoned_condition``):
+
+(a) its worker's lock is gone *and* the worker has been silent for ``RESCUE_GRACE`` seconds.
+    PostgreSQL drops a session's locks the moment its connection ends, so a killed process,
+    a crashed host (once TCP notices) or a terminated backend is detected within seconds,
+    with no per-task traffic. The grace lets a worker ride out a database restart, during
+    which every lock vanishes at once: it reconnects, re-takes its lock and heartbeats again;
+(b) its worker has been silent for ``WORKER_TIMEOUT`` seconds, lock or not: a hung but still
+    connected process, or a worker using ``LIVENESS = "heartbeat"`` (needed behind PgBouncer
+    in transaction mode, where session-level locks are meaningless);
+(c) no registered worker has its ``locked_by`` and the lease (``locked_at``) is older than
+    ``WORKER_TIMEOUT``: tasks claimed by code that is not a ``run_pgtasks`` worker.
+
+Rescue runs inside the workers every ``RESCUE_INTERVAL`` seconds, one worker at a time (a
+transaction-level advisory lock), and as ``manage.py pgtasks_rescue``. It gives each abandoned
+task back for another attempt (the lost attempt counts) or fails it when no attempt is left.
+The worker that lost the task cannot record an outcome for it any more: completions are
+guarded by ``status = 'RUNNING' AND locked_by = <worker>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, connections, transaction
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
+
+from . import maintenance
+from .conf import pgtasks_settings
+from .models import append_error_sql
+
+logger = logging.getLogger("django_pgtasks.liveness")
+
+#: First key of every advisory lock django-pgtasks takes ("pgts"), so they are easy to tell
+#: apart from an application's own advisory locks in pg_locks.
+LOCK_NAMESPACE = 0x70677473
+#: Second key of the lock that serializes rescue passes (worker lock keys start at 1).
+RESCUE_LOCK_KEY = 0
+MAX_INT4 = 2**31 - 1
+
+
+def lock_key(worker_pk: int) -> int:
+    """The second advisory-lock key (an int4) for a worker row id."""
+    return (worker_pk - 1) % (MAX_INT4 - 1) + 1
+
+
+# A worker is lost if (a) its liveness lock is not held by any session of this database and it
+# has been silent for the grace period, or (b) it has been silent for the worker timeout.
+LOST_WORKER_SQL = f"""
+    (w.last_seen_at < now() - make_interval(secs => %s)
+     AND w.lock_key IS NOT NULL
+     AND NOT EXISTS (
+         SELECT 1 FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND l.granted
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND l.classid = {LOCK_NAMESPACE} AND l.objid = w.lock_key AND l.objsubid = 2))
+    OR w.last_seen_at < now() - make_interval(secs => %s)
+"""
+
+# A running task is abandoned if its worker is lost, or (c) no registered worker has its name
+# and its lease is older than the worker timeout. Reads only RUNNING rows (a partial index).
+ABANDONED_SQL = f"""
+    "pgtasks_task"."locked_by" IN (SELECT w.name FROM pgtasks_worker w WHERE {LOST_WORKER_SQL})
+    OR (NOT EXISTS (SELECT 1 FROM pgtasks_worker w WHERE w.name = "pgtasks_task"."locked_by")
+        AND "pgtasks_task"."locked_at" < now() - make_interval(secs => %s))
+"""
+
+
+def _timings() -> list[float]:
+    s = pgtasks_settings
+    return [float(s.RESCUE_GRACE), float(s.WORKER_TIMEOUT)]
+
+
+def abandoned_condition() -> RawSQL:
+    """A filter expression for ``Task`` rows whose worker is lost or whose lease expired."""
+    return RawSQL(ABANDONED_SQL, [*_timings(), float(pgtasks_settings.WORKER_TIMEOUT)],
+                  output_field=BooleanField())
+
+
+RESCUE_SQL = f"""
+    WITH lost AS (
+        SELECT id, 'django_pgtasks.WorkerLost: worker ' || locked_by
+               || ' stopped while running attempt ' || attempt || ' (process killed, '
+               || 'connection lost or hung); the task was rescued.' AS error
+        FROM pgtasks_task WHERE status = 'RUNNING' AND ({ABANDONED_SQL})
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE pgtasks_task SET
+        status = CASE WHEN rerun_requested THEN 'READY'
+                      WHEN attempt < max_attempts THEN 'AWAITING_RETRY' ELSE 'FAILED' END,
+        attempt = CASE WHEN rerun_requested THEN 0 ELSE attempt END,
+        rerun_requested = false,
+        run_after = now(), finished_at = now(), locked_at = NULL, updated_at = now(),
+        error_text = lost.error,
+        errors = {append_error_sql("lost.error")}
+    FROM lost WHERE pgtasks_task.id = lost.id
+    RETURNING pgtasks_task.id, pgtasks_task.name, pgtasks_task.locked_by, pgtasks_task.status
+"""
+
+# Rows of lost workers are removed once their tasks were rescued (in the same transaction).
+FORGET_LOST_WORKERS_SQL = f"DELETE FROM pgtasks_worker w WHERE {LOST_WORKER_SQL} RETURNING name"
+
+
+@dataclass(frozen=True)
+class Rescued:
+    id: int
+    name: str
+    worker: str
+    status: str
+
+
+def rescue(using: str | None = None, *, dry_run: bool = False) -> list[Rescued] | None:
+    """Rescue abandoned tasks once; ``None`` if another rescue pass is running right now.
+
+    With ``dry_run`` nothing changes and the abandoned tasks are listed as they are.
+    """
+    alias = using or pgtasks_settings.DATABASE
+    params = [*_timings(), float(pgtasks_settings.WORKER_TIMEOUT)]
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)",
+                       [LOCK_NAMESPACE, RESCUE_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            return None
+        if dry_run:
+            cursor.execute(
+                f"SELECT id, name, locked_by, status FROM pgtasks_task "
+                f"WHERE status = 'RUNNING' AND ({ABANDONED_SQL}) ORDER BY id", params)
+            return [Rescued(*row) for row in cursor.fetchall()]
+        cursor.execute(RESCUE_SQL, params)
+        rescued = [Rescued(*row) for row in cursor.fetchall()]
+        cursor.execute(FORGET_LOST_WORKERS_SQL, _timings())
+        lost = [row[0] for row in cursor.fetchall()]
+    for name in lost:
+        count = sum(1 for r in rescued if r.worker == name)
+        logger.warning("Worker %s was lost; %d of its task(s) rescued.", name, count)
+    for task in rescued:
+        logger.warning("Task id=%s name=%s rescued from worker %s: now %s.", task.id, task.name,
+                       task.worker, task.status)
+    return rescued
+
+
+class Liveness:
+    """Registration, liveness lock and heartbeat of one worker, on its own connection.
+
+    Every method survives database errors: it logs, drops the connection, and the next
+    heartbeat reconnects and registers again.
+    """
+
+    def __init__(self, name: str, queues: list[str], concurrency: int, using: str) -> None:
+        self.name = name
+        self.queues = queues
+        self.concurrency = concurrency
+        self.using = using
+        self.use_lock = pgtasks_settings.LIVENESS == "advisory_lock"
+        self.pk: int | None = None
+        self._connection: Any = None
+
+    def _cursor(self) -> Any:
+        if self._connection is None:
+            self._connection = connections.create_connection(self.using)
+        return self._connection.cursor()
+
+    def register(self) -> None:
+        """Insert (or take over) this worker's row and take its liveness lock."""
+        with self._cursor() as cursor:
+            cursor.execute(
+                """
+                INSERT INTO pgtasks_worker (name, hostname, pid, queues, concurrency,
+                                            backend_pid, started_at, last_seen_at)
+                VALUES (%s, %s, %s, %s, %s, pg_backend_pid(), now(), now())
+                ON CONFLICT (name) DO UPDATE SET backend_pid = EXCLUDED.backend_pid,
+                    last_seen_at = now()
+                RETURNING id
+                """,
+                [self.name, socket.gethostname()[:255], os.getpid(),
+                 json.dumps(self.queues), self.concurrency],
+            )
+            self.pk = cursor.fetchone()[0]
+            key = lock_key(self.pk) if self.use_lock else None
+            if key is not None:
+                cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_NAMESPACE, key])
+                if not cursor.fetchone()[0]:
+                    # An old session of ours still lingers on the server; heartbeats keep us
+                    # alive meanwhile, and the lock then counts as held by us.
+                    logger.warning("Worker %s: liveness lock %s is held elsewhere.", self.name,
+                                   key)
+            cursor.execute("UPDATE pgtasks_worker SET lock_key = %s WHERE id = %s",
+                           [key, self.pk])
+        logger.debug("Worker %s registered as pgtasks_worker id=%s.", self.name, self.pk)
+
+    def heartbeat(self) -> bool:
+        """Refresh ``last_seen_at``; re-register if the row is gone. ``False`` on error."""
+        try:
+            if self.pk is None or self._connection is None:
+                self.register()
+                return True
+            with self._cursor() as cursor:
+                cursor.execute(
+                    "UPDATE pgtasks_worker SET last_seen_at = now() WHERE id = %s", [self.pk]
+                )
+                found = cursor.rowcount
+            if not found:
+                logger.warning(
+                    "Worker %s had been given up as lost (its tasks were rescued); "
+                    "registering again.", self.name,
+                )
+                self.register()
+            return True
+        except (DatabaseError, InterfaceError) as exc:
+            logger.error("Worker %s: heartbeat failed: %s", self.name, exc)
+            self.close()
+            return False
+
+    def unregister(self) -> None:
+        try:
+            if self.pk is not None:
+                with self._cursor() as cursor:
+                    cursor.execute("DELETE FROM pgtasks_worker WHERE id = %s", [self.pk])
+        except (DatabaseError, InterfaceError) as exc:
+            logger.warning("Worker %s could not unregister: %s", self.name, exc)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the liveness connection (which releases the lock) without unregistering."""
+        if self._connection is not None:
+            with contextlib.suppress(DatabaseError, InterfaceError):
+                self._connection.close()
+            self._connection = None
+            self.pk = None
+
+
+maintenance.register(maintenance.Job(
+    name="rescue",
+    interval=lambda: pgtasks_settings.RESCUE_INTERVAL,
+    run=rescue,
+))

@@ -1,0 +1,154 @@
+"""``manage.py run_pgtasks``: run workers. Parses options, then hands over to Worker/Supervisor."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_pgtasks.conf import pgtasks_settings
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+#: application_name of every database session a run_pgtasks process opens.
+WORKER_APPLICATION_NAME = "pgtasks worker"
+
+
+def configure_logging(level: str) -> None:
+    """Send django_pgtasks logs to stderr unless the project's LOGGING already handles them."""
+    logger = logging.getLogger("django_pgtasks")
+    logger.setLevel(level)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s [%(processName)s %(process)d] %(message)s"
+        ))
+        logger.addHandler(handler)
+
+
+def _positive_number(value: str) -> float:
+    import argparse
+
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run django-pgtasks workers: claim due tasks and run them until stopped."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        s = pgtasks_settings
+        parser.add_argument(
+            "--queues", "-q", default=None,
+            help="Comma-separated queues to serve (default: every queue in PGTASKS['QUEUES']).",
+        )
+        parser.add_argument(
+            "--concurrency", "-c", type=int, default=None,
+            help=f"Worker threads per process (default: PGTASKS['CONCURRENCY'], {s.CONCURRENCY}).",
+        )
+        parser.add_argument(
+            "--prefetch", type=int, default=None,
+            help=f"Tasks claimed beyond the free threads (default: PGTASKS['PREFETCH'], "
+                 f"{s.PREFETCH}).",
+        )
+        parser.add_argument(
+            "--processes", "-p", type=int, default=1,
+            help="Worker processes under one supervisor that restarts any that die (default: 1).",
+        )
+        parser.add_argument(
+            "--burst", action="store_true",
+            help="Exit once no task is due and none is running (default: run until stopped).",
+        )
+        parser.add_argument(
+            "--worker-id", default=None,
+            help="Name shown in locked_by and logs (default: host:pid:random; "
+                 "'-N' is appended per process with --processes).",
+        )
+        parser.add_argument(
+            "--poll-interval", type=_positive_number, default=None,
+            help=f"Seconds to wait when idle (default: PGTASKS['POLL_INTERVAL'], "
+                 f"{s.POLL_INTERVAL}).",
+        )
+        parser.add_argument(
+            "--task-pause", type=_positive_number, default=None,
+            help=f"Seconds to pause between tasks per thread (default: {s.TASK_PAUSE}).",
+        )
+        parser.add_argument(
+            "--shutdown-grace", type=_positive_number, default=None,
+            help=f"Seconds running tasks get after SIGTERM (default: {s.SHUTDOWN_GRACE}).",
+        )
+        parser.add_argument(
+            "--database", default=None,
+            help=f"Database alias of the task table (default: PGTASKS['DATABASE'], "
+                 f"{s.DATABASE!r}).",
+        )
+        parser.add_argument(
+            "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+            help="Log level of django_pgtasks loggers (default: INFO).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        worker_options = self._worker_options(options)
+        configure_logging(options["log_level"])
+        # Name the worker's database sessions (libpq reads PGAPPNAME) so that operators can
+        # tell them apart in pg_stat_activity.
+        os.environ.setdefault("PGAPPNAME", WORKER_APPLICATION_NAME)
+        processes = options["processes"]
+        if processes > 1:
+            from django_pgtasks.supervisor import Supervisor
+
+            code = Supervisor(processes, worker_options, options["log_level"]).run()
+        else:
+            from django_pgtasks.worker import Worker
+
+            code = Worker(**worker_options).run()
+            if code:
+                # Handler threads past the grace period cannot be joined; leave without them.
+                logging.shutdown()
+                os._exit(code)
+        if code:
+            raise SystemExit(code)
+
+    def _worker_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        if options["concurrency"] is not None and options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1.")
+        if options["prefetch"] is not None and options["prefetch"] < 0:
+            raise CommandError("--prefetch must be 0 or more.")
+        if options["processes"] < 1:
+            raise CommandError("--processes must be at least 1.")
+        if options["poll_interval"] == 0:
+            raise CommandError("--poll-interval must be greater than 0.")
+        database = options["database"] or pgtasks_settings.DATABASE
+        if database not in settings.DATABASES:
+            raise CommandError(
+                f"--database {database!r} is not an alias in DATABASES "
+                f"({', '.join(settings.DATABASES)})."
+            )
+        queues = None
+        if options["queues"]:
+            queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
+            unknown = [q for q in queues if q not in pgtasks_settings.queue_names]
+            if unknown or not queues:
+                raise CommandError(
+                    f"--queues names unknown queue(s) {', '.join(map(repr, unknown))}; "
+                    f"configured: {', '.join(pgtasks_settings.queue_names)}."
+                )
+        return {
+            "queues": queues,
+            "concurrency": options["concurrency"],
+            "worker_id": options["worker_id"],
+            "burst": options["burst"],
+            "poll_interval": options["poll_interval"],
+            "task_pause": options["task_pause"],
+            "shutdown_grace": options["shutdown_grace"],
+            "using": database,
+            "prefetch": options["prefetch"],
+        }

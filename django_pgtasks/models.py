@@ -1,0 +1,813 @@
+"""The task table, its indexes, and the named queries and state changes on it.
+
+Every state change is one guarded statement: it names the state it expects the row to be in
+(and, for a running task, the worker holding it) and reports whether it matched. Time that
+decides when a task may run always comes from the database clock (``now()``), never from the
+application server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, models, transaction
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Greatest, Now
+from django.utils.translation import gettext_lazy as _
+
+from . import claiming
+from .conf import pgtasks_settings
+from .exceptions import InvalidTaskError
+from .payload import normalize_payload, serialize_payload
+from .registry import TaskHandler, get_handler
+from .signals import task_enqueued
+from .validation import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    delay_seconds,
+    validate_options,
+    validate_queue,
+)
+
+logger = logging.getLogger("django_pgtasks")
+
+
+class Status(models.TextChoices):
+    """Task states. The values are public API and stored as-is."""
+
+    #: Waiting to run (possibly not before ``run_after``).
+    READY = "READY", _("Ready")
+    #: Claimed by a worker and running now.
+    RUNNING = "RUNNING", _("Running")
+    #: An attempt failed; the next one may start at ``run_after``.
+    AWAITING_RETRY = "AWAITING_RETRY", _("Awaiting retry")
+    #: Finished without error.
+    SUCCESSFUL = "SUCCESSFUL", _("Successful")
+    #: Failed for good: attempts exhausted, a fatal error, or an unknown task.
+    FAILED = "FAILED", _("Failed")
+    #: Withdrawn before it ran; never runs.
+    CANCELLED = "CANCELLED", _("Cancelled")
+
+
+#: States a worker may claim from (when ``run_after`` has passed).
+PENDING = (Status.READY, Status.AWAITING_RETRY)
+#: Waiting or running: a key can have at most one task in these states.
+LIVE = (Status.READY, Status.AWAITING_RETRY, Status.RUNNING)
+#: End states: the task never runs again unless an operator requeues it.
+FINISHED = (Status.SUCCESSFUL, Status.FAILED, Status.CANCELLED)
+
+#: The claim order. The partial index ``pgtasks_task_claim_idx`` has exactly these columns
+#: after ``queue`` and exactly the claim's status predicate, so a claim reads the first rows
+#: of one index range however many finished rows or future tasks the table holds.
+CLAIM_ORDER = ("-priority", "run_after", "id")
+
+
+class TaskQuerySet(models.QuerySet):
+    def pending(self) -> TaskQuerySet:
+        """Tasks waiting for their first or next attempt, due or not."""
+        return self.filter(status__in=PENDING)
+
+    def due(self) -> TaskQuerySet:
+        """Pending tasks whose ``run_after`` has passed on the database clock."""
+        return self.pending().filter(run_after__lte=Now())
+
+    def ready(self) -> TaskQuerySet:
+        return self.filter(status=Status.READY)
+
+    def running(self) -> TaskQuerySet:
+        return self.filter(status=Status.RUNNING)
+
+    def awaiting_retry(self) -> TaskQuerySet:
+        return self.filter(status=Status.AWAITING_RETRY)
+
+    def succeeded(self) -> TaskQuerySet:
+        return self.filter(status=Status.SUCCESSFUL)
+
+    def failed(self) -> TaskQuerySet:
+        return self.filter(status=Status.FAILED)
+
+    def cancelled(self) -> TaskQuerySet:
+        return self.filter(status=Status.CANCELLED)
+
+    def finished(self) -> TaskQuerySet:
+        return self.filter(status__in=FINISHED)
+
+    def claimable(self, queue: str) -> TaskQuerySet:
+        """Due tasks of one queue in claim order: the range the claim index serves."""
+        return self.due().filter(queue=queue).order_by(*CLAIM_ORDER)
+
+    def held_by(self, worker_id: str) -> TaskQuerySet:
+        """Running tasks whose lease belongs to ``worker_id``."""
+        return self.running().filter(locked_by=worker_id)
+
+    def stuck(self) -> TaskQuerySet:
+        """Running tasks whose worker is lost or whose lease expired: what rescue takes back.
+
+        See :mod:`django_pgtasks.liveness` for the rules.
+        """
+        from .liveness import abandoned_condition
+
+        return self.running().filter(abandoned_condition())
+
+    # -- operator actions: each one guarded UPDATE that never touches a RUNNING task --------
+
+    def retry_now(self) -> int:
+        """Make pending, failed or cancelled tasks due now; return how many changed.
+
+        A task whose attempts are used up gets one more (``max_attempts = attempt + 1``).
+        Running and successful tasks are left alone, and so is a finished task whose key now
+        belongs to another live task.
+        """
+        # A finished task whose key now belongs to another live task stays finished: two
+        # live tasks cannot share a key.
+        taken_keys = Task.objects.filter(status__in=LIVE, key__isnull=False).values("key")
+        return self.filter(
+            status__in=[*PENDING, Status.FAILED, Status.CANCELLED]
+        ).exclude(
+            Q(status__in=[Status.FAILED, Status.CANCELLED]) & Q(key__in=taken_keys)
+        ).update(
+            status=Status.READY, run_after=Now(), updated_at=Now(),
+            max_attempts=Greatest(F("max_attempts"), F("attempt") + 1),
+        )
+
+    def cancel(self) -> int:
+        """Cancel tasks that have not started (ready or awaiting retry); return how many."""
+        return self.pending().update(
+            status=Status.CANCELLED, finished_at=Now(), updated_at=Now()
+        )
+
+    def set_priority(self, priority: int) -> int:
+        """Change the priority of waiting tasks (effective on the next claim); return how many."""
+        validate_options(priority=priority)
+        return self.pending().update(priority=priority, updated_at=Now())
+
+
+class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[misc]
+    def _db_alias(self, using: str | None) -> str:
+        return using or self._db or pgtasks_settings.DATABASE
+
+    # -- enqueueing ----------------------------------------------------------------------
+
+    def build(
+        self,
+        name_or_handler: str | TaskHandler,
+        *args: Any,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_after: datetime | None = None,
+        delay: timedelta | float | None = None,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        stage: str | None = None,
+        **kwargs: Any,
+    ) -> Task:
+        """Return a validated, unsaved task; raise ``InvalidTaskError`` if anything is wrong.
+
+        Nothing is written. :meth:`enqueue` saves one; :meth:`enqueue_many` saves many.
+        """
+        handler = (
+            name_or_handler if isinstance(name_or_handler, TaskHandler)
+            else get_handler(name_or_handler)
+        )
+        validate_options(priority=priority, max_attempts=max_attempts, key=key, stage=stage)
+        queue = validate_queue(queue or handler.queue or pgtasks_settings.DEFAULT_QUEUE)
+        seconds = delay_seconds(run_after, delay)
+        clean_args, clean_kwargs = normalize_payload(args, kwargs)
+        task = self.model(
+            key=key,
+            stage=stage,
+            name=handler.name,
+            queue=queue,
+            args=clean_args,
+            kwargs=clean_kwargs,
+            priority=_first(priority, handler.priority, pgtasks_settings.DEFAULT_PRIORITY),
+            max_attempts=_first(max_attempts, handler.max_attempts, pgtasks_settings.MAX_ATTEMPTS),
+        )
+        if run_after is not None:
+            task.run_after = run_after
+        elif seconds:
+            # Relative to the database clock, evaluated by the INSERT itself.
+            task.run_after = Now() + Value(timedelta(seconds=seconds))
+            task._delay_seconds = seconds
+        return task
+
+    def enqueue(
+        self,
+        name_or_handler: str | TaskHandler,
+        *args: Any,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_after: datetime | None = None,
+        delay: timedelta | float | None = None,
+        max_attempts: int | None = None,
+        using: str | None = None,
+        key: str | None = None,
+        stage: str | None = None,
+        **kwargs: Any,
+    ) -> Task:
+        """Insert one task and return it.
+
+        The INSERT runs on the caller's connection and inside the caller's transaction: if
+        the caller rolls back, the task never existed, and no worker can see it before the
+        caller commits. ``name_or_handler`` is a ``@pgtask`` handler or its registered name;
+        ``args``/``kwargs`` must be plain JSON. ``run_after`` (aware datetime) or ``delay``
+        (seconds or timedelta from the database's ``now()``) postpone the first attempt.
+
+        With ``key`` there is at most one live task per key (the pattern "re-run when the
+        source changes"): if a task with that key is waiting, it stays the only one — it takes
+        the new arguments, the higher priority and the earlier ``run_after`` — and is
+        returned; if it is running, it runs once more after the current attempt (with the new
+        arguments); if none is live, a new task is inserted. Concurrent enqueues of one key
+        are serialized by a unique index (``INSERT … ON CONFLICT``), never check-then-insert.
+        ``task.deduplicated`` tells whether an existing task absorbed the request.
+        """
+        task = self.build(
+            name_or_handler, *args, queue=queue, priority=priority, run_after=run_after,
+            delay=delay, max_attempts=max_attempts, key=key, stage=stage, **kwargs,
+        )
+        if key is None:
+            task.save(force_insert=True, using=self._db_alias(using))
+            task.deduplicated = False
+        else:
+            task = self._upsert_keyed(task, self._db_alias(using))
+        task_enqueued.send(sender=self.model, task=task)
+        return task
+
+    def _upsert_keyed(self, task: Task, db: str) -> Task:
+        run_after = task.run_after if isinstance(task.run_after, datetime) else None
+        params = [task.name, task.queue, json.dumps(task.args), json.dumps(task.kwargs),
+                  task.priority, task.max_attempts, run_after,
+                  getattr(task, "_delay_seconds", None), json.dumps(task.metadata), task.key,
+                  task.stage]
+        [row] = list(self.db_manager(db).raw(UPSERT_KEYED_SQL, params)) or [None]
+        if row is None:
+            raise InvalidTaskError(
+                f"Key {task.key!r} belongs to a live task of another task name; keys are "
+                f"unique across all tasks while they wait or run."
+            )
+        row.deduplicated = not row.inserted
+        return row
+
+    def enqueue_many(self, tasks: Iterable[Task], using: str | None = None) -> list[Task]:
+        """Insert many tasks (built with :meth:`build` or ``handler.build()``) in one statement.
+
+        Validation happens while building, so a bad task raises before anything is written.
+        The INSERT takes one array per column (``INSERT … SELECT FROM unnest(…)``), so its
+        size and parse time do not grow with a parameter per value; the tasks come back
+        saved, with their ids.
+        """
+        tasks = list(tasks)
+        if not tasks:
+            return []
+        for task in tasks:
+            if task.pk is not None or not isinstance(task, self.model):
+                raise TypeError("enqueue_many() takes unsaved tasks from Task.objects.build().")
+        columns = {
+            "name": [t.name for t in tasks],
+            "queue": [t.queue for t in tasks],
+            "args": [json.dumps(t.args) for t in tasks],
+            "kwargs": [json.dumps(t.kwargs) for t in tasks],
+            "priority": [t.priority for t in tasks],
+            "max_attempts": [t.max_attempts for t in tasks],
+            "run_after": [t.run_after if isinstance(t.run_after, datetime) else None
+                          for t in tasks],
+            "delay": [getattr(t, "_delay_seconds", None) for t in tasks],
+            "metadata": [json.dumps(t.metadata) for t in tasks],
+            "key": [t.key for t in tasks],
+            "stage": [t.stage for t in tasks],
+        }
+        with connections[self._db_alias(using)].cursor() as cursor:
+            cursor.execute(ENQUEUE_MANY_SQL, list(columns.values()))
+            rows = cursor.fetchall()
+        for task, (pk, run_after, created_at) in zip(tasks, rows, strict=True):
+            task.pk, task.run_after, task.created_at, task.updated_at = (
+                pk, run_after, created_at, created_at)
+            task._state.adding = False
+            task._state.db = self._db_alias(using)
+        if task_enqueued.has_listeners(self.model):
+            for task in tasks:
+                task_enqueued.send(sender=self.model, task=task)
+        return tasks
+
+    def enqueue_bulk(
+        self,
+        name_or_handler: str | TaskHandler,
+        calls: Iterable[Sequence[Any] | Mapping[str, Any]],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        using: str | None = None,
+    ) -> list[int]:
+        """Enqueue one task per item of ``calls`` through ``COPY``; return the new ids.
+
+        The fast path for very large batches (hundreds of thousands): no model instance is
+        built per task. Each item is the positional arguments (a list or tuple) or the
+        keyword arguments (a dict) of one run; every task shares the handler and options and
+        is due at once. Every item is validated before anything is written; the rows are
+        written in the caller's transaction, like :meth:`enqueue`, and notify workers the
+        same way. No ``task_enqueued`` signal is sent (there is no task instance to send).
+        """
+        handler = (
+            name_or_handler if isinstance(name_or_handler, TaskHandler)
+            else get_handler(name_or_handler)
+        )
+        validate_options(priority=priority, max_attempts=max_attempts)
+        queue = validate_queue(queue or handler.queue or pgtasks_settings.DEFAULT_QUEUE)
+        priority = _first(priority, handler.priority, pgtasks_settings.DEFAULT_PRIORITY)
+        max_attempts = _first(max_attempts, handler.max_attempts, pgtasks_settings.MAX_ATTEMPTS)
+        payloads = []
+        for call in calls:
+            if isinstance(call, Mapping):
+                args, kwargs = (), call
+            elif isinstance(call, list | tuple):
+                args, kwargs = call, {}
+            else:
+                raise InvalidTaskError(
+                    f"Each item of enqueue_bulk() is one task's positional arguments (a list "
+                    f"or tuple) or keyword arguments (a dict), not {type(call).__name__} "
+                    f"{call!r:.50}."
+                )
+            payloads.append(serialize_payload(args, kwargs)[2:])
+        if not payloads:
+            return []
+        with connections[self._db_alias(using)].cursor() as cursor:
+            # Ids are taken from the table's identity sequence first, since COPY returns none.
+            cursor.execute("SELECT nextval(pg_get_serial_sequence('pgtasks_task', 'id')) "
+                           "FROM generate_series(1, %s)", [len(payloads)])
+            ids = [row[0] for row in cursor.fetchall()]
+            with cursor.copy(
+                "COPY pgtasks_task (id, name, queue, args, kwargs, priority, max_attempts, "
+                "status, attempt, error_text, metadata) FROM STDIN"
+            ) as copy:
+                for pk, (args, kwargs) in zip(ids, payloads, strict=True):
+                    copy.write_row((pk, handler.name, queue, args, kwargs, priority,
+                                    max_attempts, Status.READY, 0, "", "{}"))
+        return ids
+
+    # -- claiming ------------------------------------------------------------------------
+
+    def claim(
+        self,
+        worker_id: str,
+        queues: Sequence[str] | None = None,
+        limit: int = 1,
+        using: str | None = None,
+    ) -> list[Task]:
+        """Atomically take up to ``limit`` due tasks for ``worker_id`` and mark them running.
+
+        Candidates are read with ``select_for_update(skip_locked=True)`` in priority order
+        (higher first), then oldest ``run_after``, then id; rows another worker is claiming
+        at this moment are skipped rather than waited for, so no two workers ever take the
+        same task. All of it is one short transaction; the tasks are returned in claim order.
+        """
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, not {limit!r}.")
+        queues = tuple(queues) if queues else tuple(pgtasks_settings.queue_names)
+        db = self._db_alias(using)
+        with transaction.atomic(using=db, savepoint=False):
+            # Compiling the candidate querysets costs more than running the statement, and
+            # the result only depends on (database, queues, limit): compile once, reuse.
+            key = (db, queues, limit)
+            statement = _claim_statements.get(key)
+            if statement is None:
+                candidates = [
+                    self.db_manager(db).claimable(queue)
+                    .select_for_update(skip_locked=True)
+                    .values_list("id", "priority", "run_after")[:limit]
+                    for queue in queues
+                ]
+                statement = claiming.claim_statement(
+                    connections[db], self.model._meta.db_table, candidates, limit
+                )
+                if len(_claim_statements) < CLAIM_STATEMENT_CACHE_SIZE:
+                    _claim_statements[key] = statement
+            sql, params = statement
+            tasks = list(self.db_manager(db).raw(sql, [*params, worker_id, worker_id]))
+        tasks.sort(key=lambda t: (-t.priority, t.run_after, t.pk))
+        return tasks
+
+    # -- finishing (all guarded: the row must still be RUNNING under this worker's lease —
+    #    its id and the claim's locked_at; anything else means the task was taken away) ----
+
+    def mark_succeeded(self, task: Task, result: Any = None, using: str | None = None) -> bool:
+        """Record success; ``False`` if the worker no longer held the task (nothing changed)."""
+        return self._finish(task, using, status=Status.SUCCESSFUL, result=result, error_text="")
+
+    def mark_failed(
+        self, task: Task, error_text: str, *, retry_delay: float | None,
+        using: str | None = None,
+    ) -> bool:
+        """Record a failed attempt.
+
+        With ``retry_delay`` (seconds) and attempts left the task waits for retry until
+        ``now() + retry_delay`` on the database clock; otherwise (``None``: a fatal error, or
+        no attempts left) it ends ``FAILED``. ``False`` if the worker no longer held the task.
+        """
+        error_text = truncate_error(error_text)
+        history = {"errors": AppendError(error_text)}
+        if retry_delay is None:
+            return self._finish(task, using, status=Status.FAILED, error_text=error_text,
+                                **history)
+        can_retry = Q(attempt__lt=F("max_attempts"))
+        return self._finish(
+            task, using,
+            status=Case(When(can_retry, then=Value(Status.AWAITING_RETRY)),
+                        default=Value(Status.FAILED)),
+            run_after=Case(When(can_retry, then=Now() + Value(timedelta(seconds=retry_delay))),
+                           default=F("run_after")),
+            error_text=error_text,
+            **history,
+        )
+
+    def mark_many_succeeded(
+        self, outcomes: Sequence[tuple[Task, Any]], using: str | None = None
+    ) -> set[int]:
+        """Record several successes in one statement; return the ids that were recorded.
+
+        Each row is guarded like :meth:`mark_succeeded` (still RUNNING under the same lease:
+        the worker and the claim's ``locked_at``); ids missing from the result were not.
+        """
+        if not outcomes:
+            return set()
+        tasks = [task for task, _result in outcomes]
+        ids = [task.pk for task in tasks]
+        results = [None if r is None else json.dumps(r) for _task, r in outcomes]
+        workers = [task.locked_by for task in tasks]
+        with connections[self._db_alias(using)].cursor() as cursor:
+            cursor.execute(MARK_MANY_SUCCEEDED_SQL,
+                           [ids, results, workers, [task.locked_at for task in tasks]])
+            recorded = {row[0] for row in cursor.fetchall()}
+        for task in tasks:
+            if task.pk not in recorded:
+                logger.warning(
+                    "Task id=%s name=%s was no longer held by worker %s when it finished; "
+                    "its outcome was not recorded.", task.pk, task.name, task.locked_by,
+                )
+        return recorded
+
+    def unclaim(self, tasks: Sequence[Task], using: str | None = None) -> int:
+        """Give back claimed tasks that never started, as if they had not been claimed.
+
+        The attempt is not counted. Guarded like every completion; returns how many rows
+        changed.
+        """
+        if not tasks:
+            return 0
+        with connections[self._db_alias(using)].cursor() as cursor:
+            cursor.execute(UNCLAIM_SQL, [[t.pk for t in tasks], [t.locked_by for t in tasks],
+                                         [t.locked_at for t in tasks]])
+            return cursor.rowcount
+
+    def release(self, task: Task, reason: str, using: str | None = None) -> bool:
+        """Give a running task back for another attempt at once (e.g. on worker shutdown).
+
+        The interrupted attempt counts; a task that has no attempts left ends ``FAILED``.
+        """
+        return self.mark_failed(task, reason, retry_delay=0.0, using=using)
+
+    def _finish(self, task: Task, using: str | None, **changes: Any) -> bool:
+        updated = (
+            self.db_manager(self._db_alias(using))
+            # The lease: this worker's claim of this attempt (locked_at is set by each claim,
+            # so a later claim of the same task, even by the same worker, does not match).
+            .filter(pk=task.pk, locked_at=task.locked_at)
+            .held_by(task.locked_by)
+            .update(finished_at=Now(), locked_at=None, updated_at=Now(),
+                    **_with_rerun(changes))
+        )
+        if not updated:
+            logger.warning(
+                "Task id=%s name=%s was no longer held by worker %s when it finished; "
+                "its outcome was not recorded.", task.pk, task.name, task.locked_by,
+            )
+        return bool(updated)
+
+
+def _with_rerun(changes: dict[str, Any]) -> dict[str, Any]:
+    """Wrap a finishing UPDATE so that a task whose key was enqueued again while it ran goes
+    back to READY (attempts counted afresh, due now) instead of its end state."""
+    rerun = Q(rerun_requested=True)
+
+    def unless_rerun(field: str, value: Any, then: Any) -> Case:
+        default = value if hasattr(value, "resolve_expression") else Value(value)
+        return Case(When(rerun, then=then), default=default,
+                    output_field=Task._meta.get_field(field))
+
+    return {
+        **changes,
+        "status": unless_rerun("status", changes["status"], Value(Status.READY)),
+        "attempt": unless_rerun("attempt", F("attempt"), Value(0)),
+        "run_after": unless_rerun("run_after", changes.get("run_after", F("run_after")), Now()),
+        "rerun_requested": False,
+    }
+
+
+#: Compiled claim statements by (database alias, queues, limit); see TaskManager.claim().
+_claim_statements: dict[tuple[str, tuple[str, ...], int], tuple[str, list[Any]]] = {}
+CLAIM_STATEMENT_CACHE_SIZE = 256
+
+
+# Inserts one task per element of the column arrays; run_after is the given time, else the
+# delay from the statement's database time, else that time itself (as for a single INSERT).
+ENQUEUE_MANY_SQL = """
+    INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, max_attempts, run_after,
+                              metadata, key, stage, status, attempt, error_text)
+    SELECT v.name, v.queue, v.args::jsonb, v.kwargs::jsonb, v.priority, v.max_attempts,
+           COALESCE(v.run_after, statement_timestamp() + make_interval(secs => v.delay),
+                    statement_timestamp()),
+           v.metadata::jsonb, v.key, v.stage, 'READY', 0, ''
+    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::int[],
+                %s::timestamptz[], %s::float8[], %s::text[], %s::text[], %s::text[])
+         AS v(name, queue, args, kwargs, priority, max_attempts, run_after, delay, metadata,
+              key, stage)
+    RETURNING id, run_after, created_at
+"""
+
+# Records a batch of successes: one guarded UPDATE joined with the arrays of ids, JSON results
+# (NULL for None), the workers that ran them and their leases (the claims' locked_at). A task
+# whose key was enqueued again while it ran goes back to READY for one more run instead.
+MARK_MANY_SUCCEEDED_SQL = """
+    UPDATE pgtasks_task t SET
+        status = CASE WHEN t.rerun_requested THEN 'READY' ELSE 'SUCCESSFUL' END,
+        attempt = CASE WHEN t.rerun_requested THEN 0 ELSE t.attempt END,
+        run_after = CASE WHEN t.rerun_requested THEN now() ELSE t.run_after END,
+        rerun_requested = false, result = v.result::jsonb, error_text = '',
+        finished_at = now(), locked_at = NULL, updated_at = now()
+    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::timestamptz[])
+         AS v(id, result, worker, leased_at)
+    WHERE t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker
+      AND t.locked_at = v.leased_at
+    RETURNING t.id
+"""
+
+# Undoes claims of tasks that never started: the attempt and its worker id are taken back.
+UNCLAIM_SQL = """
+    UPDATE pgtasks_task t SET
+        status = CASE WHEN t.attempt > 1 THEN 'AWAITING_RETRY' ELSE 'READY' END,
+        attempt = t.attempt - 1, locked_at = NULL, started_at = NULL, updated_at = now(),
+        worker_ids = t.worker_ids - (jsonb_array_length(t.worker_ids) - 1),
+        rerun_requested = false
+    FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[]) AS v(id, worker, leased_at)
+    WHERE t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker
+      AND t.locked_at = v.leased_at
+"""
+
+# Enqueue with a deduplication key: insert, or fold the request into the live task that has
+# the key (the partial unique index pgtasks_task_live_key_uniq is the arbiter). A waiting task
+# takes the new arguments, the higher priority and the earlier run_after; a running one is
+# marked to run once more when its attempt ends. A live task of another name is left alone
+# and nothing is returned.
+UPSERT_KEYED_SQL = """
+    INSERT INTO pgtasks_task AS t (name, queue, args, kwargs, priority, max_attempts, run_after,
+                                   metadata, key, stage, status, attempt, error_text)
+    VALUES (%s, %s, %s::jsonb, %s::jsonb, %s, %s,
+            COALESCE(%s::timestamptz, statement_timestamp() + make_interval(secs => %s),
+                     statement_timestamp()),
+            %s::jsonb, %s, %s, 'READY', 0, '')
+    ON CONFLICT (key)
+        WHERE key IS NOT NULL AND status IN ('READY', 'AWAITING_RETRY', 'RUNNING')
+    DO UPDATE SET
+        args = EXCLUDED.args,
+        kwargs = EXCLUDED.kwargs,
+        priority = GREATEST(t.priority, EXCLUDED.priority),
+        run_after = CASE WHEN t.status = 'RUNNING' THEN t.run_after
+                         ELSE LEAST(t.run_after, EXCLUDED.run_after) END,
+        rerun_requested = t.rerun_requested OR t.status = 'RUNNING',
+        updated_at = now()
+    WHERE t.name = EXCLUDED.name
+    RETURNING t.*, (t.xmax = 0) AS inserted
+"""
+
+#: Failed attempts kept in ``Task.errors`` (the oldest are dropped first).
+ERROR_HISTORY_LENGTH = 20
+
+
+def append_error_sql(error: str = "%s", table: str = "pgtasks_task") -> str:
+    """SQL for ``errors`` plus one ``{"attempt", "error", "at"}`` entry for the attempt that
+    just failed, keeping the last ERROR_HISTORY_LENGTH entries; ``at`` is the database clock.
+    ``error`` is a placeholder or an SQL expression giving the (already bounded) text."""
+    return (
+        f"jsonb_path_query_array({table}.errors || jsonb_build_array(jsonb_build_object("
+        f"'attempt', {table}.attempt, 'error', ({error})::text, 'at', now())), "
+        f"'$[last - {ERROR_HISTORY_LENGTH - 1} to last]')"
+    )
+
+
+class AppendError(models.expressions.RawSQL):
+    """``errors = <errors plus one entry for the failed attempt>``, in the UPDATE itself."""
+
+    def __init__(self, error_text: str) -> None:
+        super().__init__(append_error_sql(), [error_text], output_field=models.JSONField())
+
+
+def _first(*values: Any) -> Any:
+    return next(v for v in values if v is not None)
+
+
+def truncate_error(text: str) -> str:
+    """Bound ``text`` to ``PGTASKS["ERROR_TEXT_LIMIT"]`` characters, keeping head and tail.
+
+    The head holds the exception type and message, the tail the innermost frames; the middle
+    of a long traceback is replaced by a marker saying how much was cut.
+    """
+    limit = pgtasks_settings.ERROR_TEXT_LIMIT
+    text = text.replace("\x00", "\\x00")
+    if len(text) <= limit:
+        return text
+    marker = "\n[... {} characters cut ...]\n"
+    keep = max(limit - len(marker.format(len(text))), 0)
+    head = keep // 3
+    tail = keep - head
+    return text[:head] + marker.format(len(text) - keep) + (text[-tail:] if tail else "")
+
+
+class WorkerProcess(models.Model):
+    """A running worker process, registered while it runs (see :mod:`django_pgtasks.liveness`).
+
+    ``id`` doubles as the key of the session-level advisory lock the worker holds on its
+    liveness connection; ``last_seen_at`` is refreshed by its heartbeat.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(_("worker id"), max_length=255, unique=True)
+    hostname = models.CharField(_("host"), max_length=255)
+    pid = models.PositiveIntegerField(_("process id"))
+    queues = models.JSONField(_("queues"), default=list)
+    concurrency = models.PositiveIntegerField(_("threads"))
+    backend_pid = models.PositiveIntegerField(
+        _("database backend pid"), null=True, blank=True,
+        help_text=_("Backend process of the worker's liveness connection."),
+    )
+    lock_key = models.IntegerField(
+        _("liveness lock key"), null=True, blank=True,
+        help_text=_("Second key of the advisory lock the worker holds; empty when it proves "
+                    "its liveness by heartbeats only."),
+    )
+    started_at = models.DateTimeField(_("started"), db_default=Now())
+    last_seen_at = models.DateTimeField(_("last seen"), db_default=Now())
+
+    class Meta:
+        db_table = "pgtasks_worker"
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TaskFields(models.Model):
+    """The columns of a task, shared by the task table and its archive."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(_("task name"), max_length=255, help_text=_("Registered handler."))
+    queue = models.CharField(_("queue"), max_length=100, default="default")
+    args = models.JSONField(_("positional arguments"), default=list, blank=True)
+    kwargs = models.JSONField(_("keyword arguments"), default=dict, blank=True)
+    priority = models.SmallIntegerField(
+        _("priority"), default=100, help_text=_("0 to 200; higher runs first; default 100.")
+    )
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.READY
+    )
+    attempt = models.PositiveIntegerField(_("attempts started"), default=0)
+    max_attempts = models.PositiveIntegerField(_("max attempts"), default=3)
+    run_after = models.DateTimeField(
+        _("run after"), db_default=Now(), help_text=_("Not claimed before this time.")
+    )
+    locked_by = models.CharField(
+        _("worker"), max_length=255, null=True, blank=True,
+        help_text=_("Worker that holds (or last held) the task."),
+    )
+    locked_at = models.DateTimeField(_("lease taken"), null=True, blank=True)
+    started_at = models.DateTimeField(_("attempt started"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("attempt finished"), null=True, blank=True)
+    error_text = models.TextField(_("error"), blank=True, default="")
+    result = models.JSONField(_("result"), null=True, blank=True)
+    worker_ids = models.JSONField(
+        _("workers per attempt"), default=list, db_default=Value([], models.JSONField()),
+        blank=True,
+        help_text=_("Id of the worker that ran each attempt, in order."),
+    )
+    errors = models.JSONField(
+        _("errors per attempt"), default=list, db_default=Value([], models.JSONField()),
+        blank=True,
+        help_text=_("The last failed attempts: attempt number, bounded error text, time."),
+    )
+    key = models.CharField(
+        _("deduplication key"), max_length=255, null=True, blank=True, default=None
+    )
+    stage = models.CharField(_("stage"), max_length=100, null=True, blank=True, default=None)
+    metadata = models.JSONField(_("metadata"), default=dict, blank=True)
+    rerun_requested = models.BooleanField(
+        _("re-run requested"), default=False, db_default=False,
+        help_text=_("Enqueued again under its key while running: runs once more after."),
+    )
+    created_at = models.DateTimeField(_("created"), db_default=Now())
+    updated_at = models.DateTimeField(_("updated"), db_default=Now())
+
+    class Meta:
+        abstract = True
+
+
+class Task(TaskFields):
+    """One unit of work: which handler to run, with what arguments, and how it went."""
+
+    objects = TaskManager()
+
+    class Meta:
+        db_table = "pgtasks_task"
+        verbose_name = _("task")
+        verbose_name_plural = _("tasks")
+        indexes = [
+            models.Index(
+                fields=["queue", *CLAIM_ORDER],
+                condition=Q(status__in=PENDING),
+                name="pgtasks_task_claim_idx",
+            ),
+            models.Index(
+                fields=["locked_at"],
+                condition=Q(status=Status.RUNNING),
+                name="pgtasks_task_running_idx",
+            ),
+            # Retention (purge oldest finished first) and statistics over time ranges.
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(status__in=FINISHED),
+                name="pgtasks_task_finished_idx",
+            ),
+        ]
+        constraints = [
+            # At most one live (waiting or running) task per deduplication key; enqueue with
+            # key= relies on it through INSERT ... ON CONFLICT.
+            models.UniqueConstraint(
+                fields=["key"],
+                condition=Q(key__isnull=False, status__in=LIVE),
+                name="pgtasks_task_live_key_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                name="pgtasks_task_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1), name="pgtasks_task_max_attempts_min"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=Status.values), name="pgtasks_task_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED
+
+
+class ArchivedTask(TaskFields):
+    """A finished task moved out of the task table by the purge (``PGTASKS["ARCHIVE"]``)."""
+
+    id = models.BigIntegerField(primary_key=True)
+    archived_at = models.DateTimeField(_("archived"), db_default=Now())
+
+    class Meta:
+        db_table = "pgtasks_task_archive"
+        verbose_name = _("archived task")
+        verbose_name_plural = _("archived tasks")
+        indexes = [models.Index(fields=["archived_at"], name="pgtasks_archive_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk} (archived)"
+
+
+class Schedule(models.Model):
+    """A periodic task's state: when its next run is planned and how the last one went.
+
+    Rows are created from the schedules declared in code; ``next_run_at`` advances in the same
+    transaction that enqueues the run, guarded on its previous value, so each planned run is
+    enqueued exactly once however many workers race for it.
+    """
+
+    name = models.CharField(_("schedule"), max_length=255, unique=True)
+    task_name = models.CharField(_("task name"), max_length=255)
+    spec = models.CharField(_("when"), max_length=255, help_text=_("Period or cron expression."))
+    timezone = models.CharField(_("time zone"), max_length=64, default="UTC")
+    next_run_at = models.DateTimeField(_("next run"), null=True, blank=True)
+    last_run_at = models.DateTimeField(_("last planned run"), null=True, blank=True)
+    last_task_id = models.BigIntegerField(_("last task"), null=True, blank=True)
+    enabled = models.BooleanField(_("enabled"), default=True)
+    created_at = models.DateTimeField(_("created"), db_default=Now())
+    updated_at = models.DateTimeField(_("updated"), db_default=Now())
+
+    class Meta:
+        db_table = "pgtasks_schedule"
+        verbose_name = _("schedule")
+        verbose_name_plural = _("schedules")
+
+    def __str__(self) -> str:
+        return self.name

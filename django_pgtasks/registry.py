@@ -1,0 +1,366 @@
+"""Task handlers and the registry that maps stored task names to them.
+
+A row in the task table names its handler (``Task.name``); the worker resolves that name here
+at run time. Only functions registered with :func:`pgtask` can ever run: a name that is not
+registered fails its task with a clear error and never imports or calls anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, overload
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .exceptions import UnknownTaskError
+from .retry import Backoff, resolve
+
+if TYPE_CHECKING:
+    from .models import Task
+    from .scheduling import When
+
+MAX_NAME_LENGTH = 255
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Passed as the first argument to handlers registered with ``context=True``."""
+
+    task: Task
+    worker_id: str
+
+    @property
+    def task_id(self) -> int:
+        return self.task.pk
+
+    @property
+    def attempt(self) -> int:
+        """The number of the attempt now running, starting at 1."""
+        return self.task.attempt
+
+    def then(
+        self, handler: TaskHandler | str, *args: Any, stage: str | None = None,
+        **options_and_kwargs: Any,
+    ) -> Task:
+        """Enqueue the next stage of a pipeline *together with this task's success*.
+
+        The follow-up task is inserted in the same transaction that records this task as
+        SUCCESSFUL, so it exists if and only if this stage succeeded: a crash in between
+        neither skips the next stage nor enqueues it twice. ``stage`` names it (shown in the
+        admin; default: the handler's function name); other keyword arguments are the usual
+        enqueue options (queue, priority, delay, ...) and the handler's keyword arguments.
+        Follow-ups of an attempt that fails are discarded with it.
+        """
+        from .exceptions import InvalidTaskError
+        from .models import Task
+
+        if "key" in options_and_kwargs:
+            raise InvalidTaskError("A pipeline stage cannot have a deduplication key.")
+        followup = Task.objects.build(handler, *args, **options_and_kwargs)
+        followup.stage = stage or followup.name.rsplit(".", 1)[-1]
+        root = self.task.metadata.get("pipeline", self.task.pk)
+        followup.metadata = {**followup.metadata, "pipeline": root, "parent": self.task.pk}
+        self.task.followups.append(followup)
+        return followup
+
+
+@dataclass(eq=False)
+class TaskHandler:
+    """A registered task function plus its defaults. Call it to run the function directly."""
+
+    func: Callable[..., Any]
+    name: str
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    backoff: str | Backoff | None = None
+    fatal: tuple[type[BaseException], ...] = ()
+    atomic: bool = False
+    takes_context: bool = False
+    timeout: float | None = None
+    #: When the scheduler enqueues runs of this handler (``@pgtask(schedule=...)``).
+    schedule: When | None = None
+    is_async: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.is_async = inspect.iscoroutinefunction(self.func)
+        self.__doc__ = self.func.__doc__
+        self.__wrapped__ = self.func
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<TaskHandler {self.name}>"
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        return float(resolve(self.backoff)(attempt))
+
+    def is_fatal(self, exc: BaseException) -> bool:
+        """Whether ``exc`` fails the task at once instead of scheduling a retry."""
+        from .exceptions import FatalError
+
+        return isinstance(exc, (FatalError, *self.fatal))
+
+    # -- how the worker runs it (extension points for adapters, e.g. the django.tasks one) --
+
+    def call(self, task: Task, worker_id: str) -> Any:
+        """Run the function for ``task`` and return its result as plain JSON.
+
+        Raises whatever the function raises; a malformed stored payload or a return value
+        that is not plain JSON raise :class:`~django_pgtasks.FatalError`.
+        """
+        from asgiref.sync import async_to_sync
+
+        from .exceptions import FatalError, InvalidPayloadError
+        from .payload import normalize_value
+
+        if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):
+            raise FatalError(
+                f"Malformed stored payload: args must be a JSON array and kwargs a JSON object "
+                f"(got {type(task.args).__name__} and {type(task.kwargs).__name__})."
+            )
+        args = list(task.args)
+        if self.takes_context:
+            args.insert(0, TaskContext(task=task, worker_id=worker_id))
+        func = async_to_sync(_bounded(self.func, self.timeout)) if self.is_async else self.func
+        result = func(*args, **task.kwargs)
+        try:
+            return normalize_value(result, "The task's return value")
+        except InvalidPayloadError as exc:
+            raise FatalError(str(exc)) from exc
+
+    def started(self, task: Task, worker_id: str) -> None:
+        """Called in the worker thread just before :meth:`call`."""
+
+    def finished(self, task: Task, worker_id: str, exception: BaseException | None) -> None:
+        """Called after the outcome is recorded; on failure from inside the ``except`` block."""
+
+    def enqueue(
+        self,
+        *args: Any,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_after: datetime | None = None,
+        delay: timedelta | float | None = None,
+        max_attempts: int | None = None,
+        using: str | None = None,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> Task:
+        """Enqueue a run of this handler; see :meth:`TaskManager.enqueue`."""
+        from .models import Task
+
+        return Task.objects.enqueue(
+            self, *args, queue=queue, priority=priority, run_after=run_after, delay=delay,
+            max_attempts=max_attempts, using=using, key=key, **kwargs,
+        )
+
+    def build(self, *args: Any, **kwargs: Any) -> Task:
+        """An unsaved, validated task for :meth:`TaskManager.enqueue_many`."""
+        from .models import Task
+
+        return Task.objects.build(self, *args, **kwargs)
+
+
+def _bounded(func: Callable[..., Any], timeout: float | None) -> Callable[..., Any]:
+    """Wrap an async function so it is cancelled after ``timeout`` seconds."""
+    if timeout is None:
+        return func
+
+    async def bounded(*args: Any, **kwargs: Any) -> Any:
+        from .exceptions import TaskTimeoutError
+
+        try:
+            return await asyncio.wait_for(func(*args, **kwargs), timeout)
+        except TimeoutError:
+            raise TaskTimeoutError(
+                f"Task exceeded its time limit of {timeout:g}s and was cancelled."
+            ) from None
+
+    return bounded
+
+
+_registry: dict[str, TaskHandler] = {}
+_resolvers: list[Callable[[str], TaskHandler | None]] = []
+_lock = threading.Lock()
+
+
+def add_resolver(resolver: Callable[[str], TaskHandler | None]) -> None:
+    """Add a fallback that maps a stored task name to a handler (used by adapters such as
+    the ``django.tasks`` backend); it returns ``None`` for names it does not know."""
+    if resolver not in _resolvers:
+        _resolvers.append(resolver)
+
+
+def register(handler: TaskHandler) -> TaskHandler:
+    if not handler.name or len(handler.name) > MAX_NAME_LENGTH:
+        raise ImproperlyConfigured(
+            f"Task name {handler.name!r} must be 1 to {MAX_NAME_LENGTH} characters long."
+        )
+    with _lock:
+        existing = _registry.get(handler.name)
+        if existing is not None and _qualified(existing.func) != _qualified(handler.func):
+            raise ImproperlyConfigured(
+                f"Task name {handler.name!r} is already registered for "
+                f"{_qualified(existing.func)}; pass a distinct name= to @pgtask."
+            )
+        _registry[handler.name] = handler
+    return handler
+
+
+def _qualified(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+@overload
+def pgtask(func: Callable[..., Any], /) -> TaskHandler: ...
+@overload
+def pgtask(
+    *,
+    name: str | None = ...,
+    queue: str | None = ...,
+    priority: int | None = ...,
+    max_attempts: int | None = ...,
+    backoff: str | Backoff | None = ...,
+    fatal: Iterable[type[BaseException]] = ...,
+    atomic: bool = ...,
+    context: bool = ...,
+    timeout: float | None = ...,
+    schedule: Any = ...,
+) -> Callable[[Callable[..., Any]], TaskHandler]: ...
+
+
+def pgtask(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    backoff: str | Backoff | None = None,
+    fatal: Iterable[type[BaseException]] = (),
+    atomic: bool = False,
+    context: bool = False,
+    timeout: float | None = None,
+    schedule: Any = None,
+) -> TaskHandler | Callable[[Callable[..., Any]], TaskHandler]:
+    """Register a function as a task handler.
+
+    ``name`` defaults to ``"module.function"``. ``queue``, ``priority`` and ``max_attempts``
+    are defaults that an enqueue call may override. ``backoff`` is ``"exponential"``,
+    ``"linear"`` or a callable ``attempt -> seconds`` (default: ``PGTASKS["BACKOFF"]``).
+    Exceptions listed in ``fatal`` (and :class:`~django_pgtasks.FatalError`) fail the task
+    without retry. With ``atomic=True`` the handler runs in the same transaction as the
+    completion of its task, so its database writes happen exactly once. With ``context=True``
+    the handler receives a :class:`TaskContext` as its first argument. ``timeout`` (seconds)
+    bounds one attempt: an async handler is cancelled at the limit; a sync handler's attempt
+    is failed and its slot freed (see ``docs/reliability.md``). ``schedule`` makes the
+    workers enqueue a run periodically: a period (``every(minutes=5)``, a ``timedelta`` or
+    seconds) or a cron expression (a string or ``cron(..., timezone=...)``); see
+    ``docs/howto/periodic.md``.
+    """
+    from .validation import validate_options
+
+    validate_options(priority=priority, max_attempts=max_attempts)
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise ImproperlyConfigured(f"timeout must be a positive number of seconds, not "
+                                   f"{timeout!r}.")
+    if backoff is not None:
+        resolve(backoff)  # fail at import time on an unknown policy name
+    if schedule is not None:
+        from .scheduling import parse_when
+
+        schedule = parse_when(schedule)  # fail at import time on an invalid period or cron
+
+    def decorator(f: Callable[..., Any]) -> TaskHandler:
+        handler = TaskHandler(
+            func=f,
+            name=name or _qualified(f),
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            fatal=tuple(fatal),
+            atomic=atomic,
+            takes_context=context,
+            timeout=timeout,
+            schedule=schedule,
+        )
+        return register(handler)
+
+    return decorator(func) if func is not None else decorator
+
+
+def get_handler(name: str) -> TaskHandler:
+    """Return the handler registered as ``name``.
+
+    A name of the form ``"package.module.function"`` that is not yet registered gets one
+    chance: its module is imported (which runs its ``@pgtask`` decorators) and the lookup is
+    repeated. Nothing that is not a registered handler is ever returned or called.
+    """
+    handler = _registry.get(name)
+    if handler is None:
+        _import_task_backends()
+    for resolver in _resolvers:
+        if handler is not None:
+            break
+        handler = resolver(name)
+    if handler is None and "." in name:
+        module_name = name.rpartition(".")[0]
+        if _in_installed_app(module_name):
+            with contextlib.suppress(Exception):
+                importlib.import_module(module_name)
+            handler = _registry.get(name)
+    if handler is None:
+        raise UnknownTaskError(
+            f"No task handler is registered under the name {name!r}; "
+            f"decorate the function with @pgtask and make sure its module is imported."
+        )
+    return handler
+
+
+_task_backends_imported = False
+
+
+def _import_task_backends() -> None:
+    """Import the backend classes named in ``settings.TASKS``, once.
+
+    An adapter backend (``django_pgtasks.backend``) adds its resolver when imported; a worker
+    process may otherwise meet its tasks before any code there has used the backend.
+    """
+    global _task_backends_imported
+    if _task_backends_imported:
+        return
+    _task_backends_imported = True
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    for config in (getattr(settings, "TASKS", None) or {}).values():
+        with contextlib.suppress(Exception):  # a broken backend is Django's to report
+            import_string(config["BACKEND"])
+
+
+def _in_installed_app(module_name: str) -> bool:
+    """Only modules inside installed apps are imported on demand, never arbitrary ones."""
+    from django.apps import apps
+
+    return any(
+        module_name == config.name or module_name.startswith(config.name + ".")
+        for config in apps.get_app_configs()
+    )
+
+
+def registered_names() -> list[str]:
+    return sorted(_registry)

@@ -1,0 +1,172 @@
+"""Settings of the django-pgtasks example project: a small shop with background tasks.
+
+Development settings, configured from the environment:
+
+- ``DATABASE_URL`` (e.g. ``postgres://user:pass@host:5432/pgtasks_example``), or libpq's
+  ``PG*`` variables, or a local server on ``localhost:5432`` as user ``postgres``; the
+  database is named ``pgtasks_example`` unless one of those says otherwise;
+- ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG`` (``1``/``0``), ``DJANGO_ALLOWED_HOSTS``
+  (comma-separated), ``PGTASKS_LOG_LEVEL`` (``INFO`` shows one line per task state change).
+"""
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+from django_pgtasks.dev import database_config
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# The fallback key is public, so it is only fit for a local demo.
+SECRET_KEY = os.environ.get(
+    "DJANGO_SECRET_KEY", "django-insecure-pgtasks-example-do-not-use-in-production"
+)
+DEBUG = os.environ.get("DJANGO_DEBUG", "1").lower() in {"1", "true", "yes", "on"}
+ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "").split(",") if h]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_pgtasks",
+    "shop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "example_project.urls"
+WSGI_APPLICATION = "example_project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": database_config("pgtasks_example")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+# Daily reports group orders by calendar day in this time zone.
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+
+# Every django-pgtasks setting, shown at its default except QUEUES.
+PGTASKS = {
+    # Database alias that holds the task table.
+    "DATABASE": "default",
+    # Queues tasks may be enqueued to; a worker serves all of them unless told otherwise.
+    "QUEUES": ["default", "emails", "reports"],
+    # Queue used when neither the handler nor the enqueue call names one.
+    "DEFAULT_QUEUE": "default",
+    # Priority used when neither the handler nor the enqueue call sets one (0..200, higher first).
+    "DEFAULT_PRIORITY": 100,
+    # Attempts a task gets before it ends FAILED (1 = never retried).
+    "MAX_ATTEMPTS": 3,
+    # Retry delay policy: "exponential" (with jitter) or "linear", unless a handler overrides it.
+    "BACKOFF": "exponential",
+    # Seconds: first retry delay (exponential) or the per-attempt step (linear).
+    "BACKOFF_BASE": 10.0,
+    # Seconds: upper bound for any retry delay.
+    "BACKOFF_MAX": 3600.0,
+    # Fraction of random jitter added to or subtracted from each retry delay (0 disables it).
+    "BACKOFF_JITTER": 0.25,
+    # Characters of error text (exception, message, traceback tail) kept per task.
+    "ERROR_TEXT_LIMIT": 4000,
+    # Largest accepted serialized JSON payload (args + kwargs), in bytes.
+    "MAX_PAYLOAD_BYTES": 256 * 1024,
+    # Deepest accepted nesting of lists/dicts in a payload.
+    "MAX_PAYLOAD_DEPTH": 32,
+    # Worker threads per worker process.
+    "CONCURRENCY": 4,
+    # Tasks claimed beyond the free threads (handy for many short tasks; 0 = none).
+    "PREFETCH": 0,
+    # Seconds successes are collected to be recorded together (0 = each on its own).
+    "COMPLETION_WINDOW": 0.005,
+    # Seconds an idle worker waits before looking again; new work wakes it at once (LISTEN).
+    "POLL_INTERVAL": 5.0,
+    # Wake idle workers with LISTEN/NOTIFY (turn off behind PgBouncer in transaction mode).
+    "LISTEN": True,
+    # Seconds paused between two tasks in one worker thread (0 = none).
+    "TASK_PAUSE": 0.0,
+    # Seconds paused after a database error; doubles on each further error.
+    "ERROR_PAUSE": 0.5,
+    # Seconds: upper bound of that pause.
+    "ERROR_PAUSE_MAX": 30.0,
+    # Seconds running tasks get to finish after SIGTERM/SIGINT before the worker exits anyway.
+    "SHUTDOWN_GRACE": 30.0,
+    # Import every installed app's tasks.py at start-up so its handlers are registered.
+    "AUTODISCOVER": True,
+    # How workers prove they are alive: "advisory_lock" (plus heartbeats) or "heartbeat".
+    "LIVENESS": "advisory_lock",
+    # Seconds between two heartbeats of a worker.
+    "HEARTBEAT_INTERVAL": 2.0,
+    # Seconds a worker whose lock is gone must also be silent before its tasks are rescued.
+    "RESCUE_GRACE": 5.0,
+    # Seconds without a heartbeat after which a worker is lost even if it holds its lock.
+    "WORKER_TIMEOUT": 60.0,
+    # Seconds between two rescue passes (one worker at a time runs each).
+    "RESCUE_INTERVAL": 2.0,
+    # Finished tasks (SUCCESSFUL, CANCELLED) are purged this long after they finished
+    # (seconds or a timedelta; None keeps them forever).
+    "RETENTION": timedelta(days=7),
+    # FAILED tasks are kept longer, so they can be inspected.
+    "FAILED_RETENTION": timedelta(days=30),
+    # Move purged tasks to the table pgtasks_task_archive instead of deleting them.
+    "ARCHIVE": False,
+    # Archived tasks are deleted this long after they were archived (None keeps them forever).
+    "ARCHIVE_RETENTION": timedelta(days=90),
+    # Seconds between two purge turns in each worker (0 or None turns the purge off).
+    "PURGE_INTERVAL": 300.0,
+    # Rows deleted or archived per purge batch, each batch its own short transaction.
+    "PURGE_BATCH": 1000,
+    # Periodic tasks: schedule name -> {"task": ..., "schedule": ..., "args": ..., "kwargs": ...,
+    # "queue": ..., "timezone": ..., "enabled": ...}; see docs/howto/periodic.md.
+    "SCHEDULE": {},
+    # Seconds between two scheduler passes in each worker (0 turns the scheduler off there).
+    "SCHEDULER_INTERVAL": 1.0,
+    # Runs missed while no worker ran: "once" (one run for all), "skip", or "all" (at most 100).
+    "MISSED_RUNS": "once",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "console": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "console"},
+    },
+    "loggers": {
+        "django_pgtasks": {
+            "handlers": ["console"],
+            "level": os.environ.get("PGTASKS_LOG_LEVEL", "INFO"),
+            "propagate": False,
+        },
+        "shop": {"handlers": ["console"], "level": "INFO", "propagate": False},
+    },
+}

@@ -1,0 +1,75 @@
+"""Shared fixtures. Every test that touches the queue runs against real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def subprocess_env(transactional_db: None) -> dict[str, str]:
+    """Environment for a child ``manage.py`` process that uses the test database.
+
+    Connection details are passed as libpq ``PG*`` variables, which
+    ``django_pgtasks.dev.database_config`` reads when ``DATABASE_URL`` is unset.
+    """
+    s = connection.settings_dict
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(
+        PGDATABASE=s["NAME"],
+        PGUSER=s["USER"] or "",
+        PGPASSWORD=s["PASSWORD"] or "",
+        PGHOST=s["HOST"] or "",
+        PGPORT=str(s["PORT"] or ""),
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def manage_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "django", *args]
+
+
+@pytest.fixture
+def run_command(subprocess_env: dict[str, str]) -> Callable[..., subprocess.CompletedProcess]:
+    """Run ``django-admin <args>`` against the test database and wait for it."""
+
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            manage_command(*args), env=subprocess_env, cwd=ROOT, capture_output=True,
+            text=True, timeout=timeout,
+        )
+
+    return run
+
+
+@pytest.fixture
+def start_command(subprocess_env: dict[str, str]):
+    """Start ``django-admin <args>`` in the background; every process is killed at teardown."""
+    processes: list[subprocess.Popen] = []
+
+    def start(*args: str) -> subprocess.Popen:
+        process = subprocess.Popen(
+            manage_command(*args), env=subprocess_env, cwd=ROOT, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+        if process.stdout:
+            process.stdout.close()

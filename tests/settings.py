@@ -1,0 +1,82 @@
+"""Settings for the test suite: a real PostgreSQL database (see django_pgtasks.dev)."""
+
+import importlib.util
+import os
+
+from django_pgtasks.dev import database_config
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_pgtasks",
+    "tests.testapp",
+]
+
+DATABASES = {"default": database_config("pgtasks")}
+# Only used to prove the system check that refuses a non-PostgreSQL task database.
+DATABASES["not_postgres"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+# One test database per test run, so several runs (e.g. two Django versions) can share a server.
+DATABASES["default"]["TEST"] = {
+    "NAME": os.environ.get("PGTASKS_TEST_DB", f"test_pgtasks_{os.getpid()}")
+}
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Django's tasks framework: django.tasks on Django 6+, the django-tasks backport on 5.2 (whose
+# app registers its system checks). Without either, the backend's tests are skipped.
+if importlib.util.find_spec("django.tasks"):
+    TASKS_MODULE = "django.tasks"
+else:
+    TASKS_MODULE = "django_tasks"
+    if importlib.util.find_spec("django_tasks"):
+        INSTALLED_APPS.append("django_tasks")
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_pgtasks.backend.PgTasksBackend",
+        "QUEUES": ["default", "emails"],
+    },
+    # Django's own backend, for the contract tests (tests/test_backend_contract.py).
+    "immediate": {
+        "BACKEND": f"{TASKS_MODULE}.backends.immediate.ImmediateBackend",
+        "QUEUES": ["default", "emails"],
+    },
+}
+
+PGTASKS = {
+    "QUEUES": ["default", "emails", "urgent"],
+    "POLL_INTERVAL": 0.1,
+    "ERROR_PAUSE": 0.1,
+    "BACKOFF_BASE": 0.0,
+    # Fast liveness for tests: a killed worker's tasks come back within about 2 seconds.
+    "HEARTBEAT_INTERVAL": 0.25,
+    "RESCUE_GRACE": 1.0,
+    "RESCUE_INTERVAL": 0.25,
+}

@@ -1,0 +1,76 @@
+"""Batched completion and prefetch: faster, and still nothing lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from django_pgtasks.models import Status, Task
+from django_pgtasks.worker import Worker
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def finish_times() -> list:
+    return list(Task.objects.values_list("finished_at", flat=True))
+
+
+def test_successes_within_the_window_are_recorded_by_one_statement(settings) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "COMPLETION_WINDOW": 0.5}
+    Task.objects.enqueue_bulk(tasks.add, [(i, i) for i in range(40)])
+    assert Worker(concurrency=4, burst=True).run(install_signals=False) == 0
+    assert Task.objects.succeeded().count() == 40
+    assert sorted(Task.objects.values_list("result", flat=True)) == sorted(
+        2 * i for i in range(40))
+    # One UPDATE records a whole batch: its rows share the statement's now().
+    assert len(set(finish_times())) < 10
+
+
+def test_with_a_zero_window_each_success_is_recorded_on_its_own(settings) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "COMPLETION_WINDOW": 0}
+    Task.objects.enqueue_bulk(tasks.add, [(i, i) for i in range(20)])
+    worker = Worker(concurrency=1, burst=True)
+    assert worker.run(install_signals=False) == 0
+    assert worker.completer is None
+    assert len(set(finish_times())) == 20
+
+
+def test_signals_and_results_of_batched_successes_follow_the_recording(settings) -> None:
+    from django_pgtasks import signals
+
+    settings.PGTASKS = {**settings.PGTASKS, "COMPLETION_WINDOW": 0.2}
+    seen: list[tuple[int, str]] = []
+
+    def finished(sender, task, status, **kw) -> None:
+        seen.append((task.pk, Task.objects.get(pk=task.pk).status))
+
+    signals.task_finished.connect(finished)
+    try:
+        Task.objects.enqueue_bulk(tasks.noop, [()] * 5)
+        assert Worker(concurrency=2, burst=True).run(install_signals=False) == 0
+    finally:
+        signals.task_finished.disconnect(finished)
+    assert len(seen) == 5
+    assert {status for _, status in seen} == {Status.SUCCESSFUL}  # already recorded
+
+
+def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown() -> None:
+    Task.objects.enqueue_bulk(tasks.sleepy, [(1.5,)] * 6)
+    worker = Worker(concurrency=1, prefetch=3, worker_id="prefetcher")
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while Task.objects.held_by("prefetcher").count() < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert Task.objects.held_by("prefetcher").count() == 4  # 1 running + 3 prefetched
+    finally:
+        worker.stop()
+        thread.join(30)
+    rows = list(Task.objects.order_by("id").values_list("status", "attempt", "worker_ids"))
+    assert rows.count((Status.SUCCESSFUL, 1, ["prefetcher"])) == 1  # the one that ran
+    assert rows.count((Status.READY, 0, [])) == 5  # given back as never claimed

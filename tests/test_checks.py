@@ -1,0 +1,74 @@
+"""System checks for PGTASKS and the database, and the settings object."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from django_pgtasks.checks import check_database, check_settings
+from django_pgtasks.conf import DEFAULTS, pgtasks_settings
+
+
+def ids(errors) -> list[str]:
+    return [e.id for e in errors]
+
+
+def test_defaults_pass(settings) -> None:
+    settings.PGTASKS = {}
+    assert check_settings() == []
+    assert check_database() == []
+
+
+def test_a_non_postgresql_database_is_a_clear_check_error(settings) -> None:
+    settings.PGTASKS = {"DATABASE": "not_postgres"}
+    [error] = check_database()
+    assert error.id == "django_pgtasks.E002"
+    assert "uses the 'sqlite' backend; django-pgtasks needs PostgreSQL" in error.msg
+
+
+def test_an_unknown_database_alias_is_a_check_error(settings) -> None:
+    settings.PGTASKS = {"DATABASE": "nowhere"}
+    assert ids(check_database()) == ["django_pgtasks.E001"]
+
+
+def test_manage_py_check_fails_on_misconfiguration(settings) -> None:
+    settings.PGTASKS = {"DATABASE": "not_postgres", "CONCURENCY": 4}
+    with pytest.raises(SystemCheckError) as excinfo:
+        call_command("check", "--database", "default")
+    assert "django_pgtasks.E002" in str(excinfo.value)
+    assert "PGTASKS has an unknown key 'CONCURENCY'" in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    ("pgtasks", "expected"),
+    [
+        ({"QUEUES": []}, "E004"),
+        ({"QUEUES": ["default", "bad queue!"]}, "E005"),
+        ({"QUEUES": ["emails"]}, "E006"),
+        ({"DEFAULT_PRIORITY": 300}, "E007"),
+        ({"BACKOFF": "fibonacci"}, "E008"),
+        ({"CONCURRENCY": 0}, "E009"),
+        ({"MAX_ATTEMPTS": "3"}, "E009"),
+        ({"POLL_INTERVAL": 0}, "E010"),
+        ({"SHUTDOWN_GRACE": -1}, "E010"),
+    ],
+)
+def test_invalid_settings_are_reported(settings, pgtasks: dict, expected: str) -> None:
+    settings.PGTASKS = pgtasks
+    assert f"django_pgtasks.{expected}" in ids(check_settings())
+
+
+def test_queues_may_be_a_dict(settings) -> None:
+    settings.PGTASKS = {"QUEUES": {"default": {}, "emails": {}}}
+    assert check_settings() == []
+    assert pgtasks_settings.queue_names == ["default", "emails"]
+
+
+def test_settings_are_read_lazily_and_follow_overrides(settings) -> None:
+    settings.PGTASKS = {"CONCURRENCY": 9}
+    assert pgtasks_settings.CONCURRENCY == 9
+    default_poll_interval = DEFAULTS["POLL_INTERVAL"]
+    assert default_poll_interval == pgtasks_settings.POLL_INTERVAL
+    with pytest.raises(AttributeError, match="Unknown django-pgtasks setting 'NOPE'"):
+        _ = pgtasks_settings.NOPE

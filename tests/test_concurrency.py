@@ -1,0 +1,138 @@
+"""The correctness test from the patterns: N tasks, many concurrent workers, each task run once.
+
+Every execution is logged by the handler to ``testapp.Execution``; the assertions count log rows,
+so a task run twice shows up as a duplicate, and a lost task as a missing id.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connections
+from django.db.models import Count, F
+from django.db.models.functions import Now
+
+from django_pgtasks.models import CLAIM_ORDER, Status, Task
+from django_pgtasks.worker import Worker
+from tests.testapp import tasks
+from tests.testapp.models import Execution
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+N_TASKS = 10_000
+
+
+def run_workers_in_threads(worker_class: type[Worker], n: int) -> list[Worker]:
+    workers = [worker_class(worker_id=f"thread-{i}", burst=True, concurrency=1)
+               for i in range(n)]
+    errors: list[BaseException] = []
+
+    def run(worker: Worker) -> None:
+        try:
+            worker.run(install_signals=False)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors
+    return workers
+
+
+def execution_counts() -> tuple[int, int]:
+    total = Execution.objects.count()
+    distinct = Execution.objects.values("task_id").distinct().count()
+    return total, distinct
+
+
+def test_10000_tasks_8_worker_threads_run_each_task_exactly_once() -> None:
+    Task.objects.enqueue_many(tasks.log_execution.build() for _ in range(N_TASKS))
+    started = time.monotonic()
+    workers = run_workers_in_threads(Worker, 8)
+    elapsed = time.monotonic() - started
+    print(f"\n{N_TASKS} tasks drained by 8 worker threads in {elapsed:.1f}s "
+          f"({N_TASKS / elapsed:.0f} tasks/s)")
+    assert execution_counts() == (N_TASKS, N_TASKS)
+    assert Task.objects.succeeded().count() == N_TASKS
+    assert sum(w.processed for w in workers) == N_TASKS
+    assert sum(1 for w in workers if w.processed) == 8  # every worker took part
+
+
+class NonLockingWorker(Worker):
+    """The classic mistake: a plain SELECT, then a separate UPDATE, without SKIP LOCKED."""
+
+    def _claim(self, limit: int) -> list[Task]:
+        ids = list(Task.objects.due().order_by(*CLAIM_ORDER).values_list("id", flat=True)[:limit])
+        Task.objects.filter(id__in=ids).update(
+            status=Status.RUNNING, locked_by=self.worker_id, locked_at=Now(),
+            started_at=Now(), attempt=F("attempt") + 1,
+        )
+        return list(Task.objects.filter(id__in=ids))
+
+
+def test_the_same_test_finds_duplicates_when_the_claim_does_not_lock() -> None:
+    """Proves the exactly-once assertion above can fail."""
+    n = 2_000
+    Task.objects.enqueue_many(tasks.log_execution.build() for _ in range(n))
+    run_workers_in_threads(NonLockingWorker, 8)
+    total, distinct = execution_counts()
+    print(f"\nnon-locking claim: {total} executions of {distinct} distinct tasks")
+    assert total > distinct  # some tasks ran more than once
+
+
+def test_10000_tasks_4_worker_processes_run_each_task_exactly_once(start_command) -> None:
+    Task.objects.enqueue_many(tasks.log_execution.build() for _ in range(N_TASKS))
+    started = time.monotonic()
+    processes = [
+        start_command("run_pgtasks", "--burst", "--concurrency", "2", "--worker-id", f"proc-{i}",
+                      "--log-level", "WARNING")
+        for i in range(4)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in processes]
+    elapsed = time.monotonic() - started
+    print(f"\n{N_TASKS} tasks drained by 4 worker processes in {elapsed:.1f}s "
+          f"(including interpreter start-up)")
+    assert [p.returncode for p in processes] == [0, 0, 0, 0], outputs
+    assert execution_counts() == (N_TASKS, N_TASKS)
+    assert Task.objects.succeeded().count() == N_TASKS
+    per_worker = dict(Execution.objects.values_list("worker").annotate(n=Count("id")))
+    assert set(per_worker) == {f"proc-{i}" for i in range(4)}, per_worker
+
+
+def test_exactly_once_mode_with_worker_processes(start_command) -> None:
+    n = 3_000
+    Task.objects.enqueue_many(tasks.log_execution_atomic.build() for _ in range(n))
+    processes = [
+        start_command("run_pgtasks", "--burst", "--concurrency", "3", "--log-level", "WARNING")
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0, 0, 0], outputs
+    assert execution_counts() == (n, n)
+    assert Task.objects.succeeded().count() == n
+
+
+def test_a_handler_raising_at_random_under_load_ends_every_task_with_the_right_attempts(
+) -> None:
+    n = 2_000
+    Task.objects.enqueue_bulk(tasks.divide_sometimes, [(i,) for i in range(n)])
+    run_workers_in_threads(Worker, 4)
+    executions = dict(Execution.objects.values_list("task_id").annotate(n=Count("id")))
+    rows = list(Task.objects.values_list("pk", "status", "attempt", "errors"))
+    assert len(rows) == n
+    assert {status for _, status, _, _ in rows} <= {Status.SUCCESSFUL, Status.FAILED}
+    for pk, status, attempt, errors in rows:
+        assert executions[pk] == attempt  # every attempt ran exactly once, none lost
+        failed_attempts = attempt - (1 if status == Status.SUCCESSFUL else 0)
+        assert len(errors) == min(failed_attempts, 20)
+        assert all(e["error"].startswith("ZeroDivisionError") for e in errors)
+        if status == Status.FAILED:
+            assert attempt == 10  # only after its last attempt
+    assert sum(1 for _, s, a, _ in rows if s == Status.SUCCESSFUL and a > 1) > n // 4

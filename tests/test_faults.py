@@ -1,0 +1,94 @@
+"""Faults the worker survives: terminated backends and the database going away.
+
+Workers run as real ``run_pgtasks`` processes. Their sessions carry the application_name
+"pgtasks worker", which is how the tests find and terminate them from the database side.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+from django.db import connection, connections
+
+from django_pgtasks.models import Task, WorkerProcess
+from tests.proxy import FlakyProxy
+from tests.test_run_pgtasks import Output, wait_until
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def terminate_worker_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'pgtasks worker' AND datname = current_database()"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_worker_survives_terminated_backends_while_idle_and_while_busy(start_command) -> None:
+    process = start_command("run_pgtasks", "--concurrency", "4", "--worker-id", "survivor")
+    out = Output(process)
+    wait_until(lambda: WorkerProcess.objects.filter(name="survivor").exists())
+    # Idle: liveness and claim connections are killed from the database side.
+    assert terminate_worker_backends() >= 2
+    first = Task.objects.enqueue_many(tasks.noop.build() for _ in range(20))
+    wait_until(lambda: Task.objects.succeeded().count() == len(first), timeout=30)
+    # Busy: terminated while handlers run and before their completions are written.
+    busy = Task.objects.enqueue_many(tasks.sleepy.build(0.5) for _ in range(8))
+    wait_until(lambda: Task.objects.running().count() == 4)
+    assert terminate_worker_backends() >= 2
+    wait_until(lambda: Task.objects.succeeded().count() == len(first) + len(busy), timeout=60)
+    assert process.poll() is None, out.text  # still running: no crash, no crash loop
+    assert "terminating connection due to administrator command" in out.text
+    # Nothing was rescued behind the live worker's back: every task ran once.
+    assert set(Task.objects.values_list("attempt", flat=True)) == {1}
+    assert WorkerProcess.objects.filter(name="survivor").exists()
+
+
+def test_worker_rides_out_the_database_going_away(start_command, subprocess_env) -> None:
+    s = connection.settings_dict
+    proxy = FlakyProxy((s["HOST"] or "127.0.0.1", int(s["PORT"] or 5432)))
+    subprocess_env.update(PGHOST="127.0.0.1", PGPORT=str(proxy.port))
+    try:
+        Task.objects.enqueue_many(tasks.sleepy.build(0.3) for _ in range(40))
+        process = start_command("run_pgtasks", "--concurrency", "4", "--worker-id", "rider")
+        out = Output(process)
+        wait_until(lambda: Task.objects.succeeded().count() >= 8, timeout=30)
+        # The server "restarts": every session ends, and for 3 seconds nobody can connect.
+        assert proxy.cut(3.0) >= 2
+        time.sleep(3.5)
+        wait_until(lambda: Task.objects.succeeded().count() == 40, timeout=60)
+        assert process.poll() is None, out.text
+        assert "Database error while claiming tasks" in out.text or "heartbeat failed" in out.text
+        # Tasks whose completion was due during the outage were recorded once it was back.
+        assert not Task.objects.running().exists()
+        assert max(Task.objects.values_list("attempt", flat=True)) <= 2
+    finally:
+        proxy.close()
+
+
+RESTART = os.environ.get("PGTASKS_TEST_RESTART_SERVER") == "1"
+
+
+@pytest.mark.skipif(not RESTART or not shutil.which("pg_ctlcluster"),
+                    reason="restarts the PostgreSQL server: set PGTASKS_TEST_RESTART_SERVER=1 "
+                           "on a machine whose local cluster may be restarted (CI does)")
+def test_worker_survives_a_real_server_restart(start_command) -> None:
+    Task.objects.enqueue_many(tasks.sleepy.build(0.3) for _ in range(40))
+    process = start_command("run_pgtasks", "--concurrency", "4", "--worker-id", "restart")
+    out = Output(process)
+    wait_until(lambda: Task.objects.succeeded().count() >= 8, timeout=30)
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart",
+                    "--", "-m", "fast"], check=True, timeout=120)
+    connections.close_all()  # this test's own session ended with the restart too
+    wait_until(lambda: Task.objects.succeeded().count() == 40, timeout=90)
+    assert process.poll() is None, out.text
+    assert not Task.objects.running().exists()
+    assert max(Task.objects.values_list("attempt", flat=True)) <= 2

@@ -1,0 +1,164 @@
+"""The ``run_pgtasks`` command as a process: options, signals, supervisor."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_pgtasks.models import Status, Task
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Output:
+    """Collects a child's output lines in the background so tests can wait for one."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _read(self, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float = 30, after: int = 0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines[after:]:
+                if match := re.search(pattern, line):
+                    return match
+            time.sleep(0.05)
+        raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(self.lines)}")
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency", "0"], "--concurrency must be at least 1"),
+        (["--processes", "0"], "--processes must be at least 1"),
+        (["--queues", "default,nope"], "unknown queue(s) 'nope'"),
+        (["--queues", ","], "unknown queue(s)"),
+        (["--poll-interval", "0"], "--poll-interval must be greater than 0"),
+        (["--poll-interval", "soon"], "'soon' is not a number"),
+        (["--shutdown-grace", "-1"], "must not be negative"),
+        (["--database", "missing"], "--database 'missing' is not an alias"),
+        (["--log-level", "LOUD"], "invalid choice: 'LOUD'"),
+        (["--concurrency", "many"], "invalid int value: 'many'"),
+    ],
+)
+def test_invalid_options_are_clear_errors(args: list[str], message: str) -> None:
+    Task.objects.enqueue(tasks.noop)
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command("run_pgtasks", "--burst", *args)
+    assert Task.objects.get().status == Status.READY  # nothing was claimed
+
+
+def test_invalid_option_in_a_real_process_exits_non_zero(run_command) -> None:
+    result = run_command("run_pgtasks", "--concurrency", "0")
+    assert result.returncode != 0
+    assert "--concurrency must be at least 1." in result.stderr
+
+
+def test_burst_drains_and_logs_one_greppable_line_per_outcome(run_command) -> None:
+    ok = Task.objects.enqueue(tasks.add, 1, 2)
+    bad = Task.objects.enqueue(tasks.fatal_failure)
+    result = run_command("run_pgtasks", "--burst", "--worker-id", "w-log")
+    assert result.returncode == 0, result.stderr
+    assert re.search(
+        rf"Task id={ok.pk} name=tests.testapp.tasks.add queue=default state=SUCCESSFUL "
+        r"attempt=1/3 duration=\d+\.\d{3}s", result.stderr)
+    assert re.search(rf"Task id={bad.pk} name=\S+ queue=default state=FAILED attempt=1/5 "
+                     r"duration=\S+ error=FatalError", result.stderr)
+    assert "Worker w-log stopped after 2 task(s)." in result.stderr
+
+
+def test_sigterm_lets_running_tasks_finish_and_claims_nothing_more(start_command) -> None:
+    running = [Task.objects.enqueue(tasks.sleepy, 1.5) for _ in range(2)]
+    process = start_command("run_pgtasks", "--concurrency", "2", "--shutdown-grace", "20")
+    out = Output(process)
+    wait_until(lambda: Task.objects.running().count() == 2)
+    waiting = Task.objects.enqueue(tasks.noop)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0, out.text
+    for task in running:
+        task.refresh_from_db()
+        assert task.status == Status.SUCCESSFUL
+    assert Task.objects.get(pk=waiting.pk).status == Status.READY
+    assert "SIGTERM received: finishing 2 running task(s)" in out.text
+
+
+def test_tasks_past_the_grace_period_are_released_for_another_attempt(start_command) -> None:
+    task = Task.objects.enqueue(tasks.sleepy, 60)
+    process = start_command("run_pgtasks", "--shutdown-grace", "0.5")
+    out = Output(process)
+    wait_until(lambda: Task.objects.running().exists())
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 1, out.text
+    assert time.monotonic() - started < 10
+    task.refresh_from_db()
+    assert (task.status, task.attempt) == (Status.AWAITING_RETRY, 1)
+    assert task.error_text == "Worker shut down before the task finished."
+    assert len(Task.objects.claim("next-worker")) == 1  # due at once, not after a timeout
+
+
+def test_second_signal_exits_at_once(start_command) -> None:
+    task = Task.objects.enqueue(tasks.sleepy, 60)
+    process = start_command("run_pgtasks", "--shutdown-grace", "120")
+    out = Output(process)
+    wait_until(lambda: Task.objects.running().exists())
+    process.send_signal(signal.SIGINT)
+    out.wait_for("SIGINT received")
+    started = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) == 1, out.text
+    assert time.monotonic() - started < 10
+    assert Task.objects.get(pk=task.pk).status == Status.AWAITING_RETRY
+
+
+def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
+    Task.objects.enqueue_many(tasks.sleepy.build(0.02) for _ in range(300))
+    process = start_command("run_pgtasks", "--processes", "2", "--concurrency", "2",
+                            "--worker-id", "sup")
+    out = Output(process)
+    first = int(out.wait_for(r"Started worker process 0 pid=(\d+)").group(1))
+    out.wait_for(r"Started worker process 1 pid=(\d+)")
+    wait_until(lambda: Task.objects.filter(locked_by="sup-0").exists())
+    os.kill(first, signal.SIGKILL)
+    orphans = set(Task.objects.held_by("sup-0").values_list("pk", flat=True))
+    out.wait_for(rf"Worker process 0 pid={first} exited with code -9; restarting")
+    line = len(out.lines)
+    replacement = int(out.wait_for(r"Started worker process 0 pid=(\d+)", after=line).group(1))
+    assert replacement != first
+    # The tasks the killed process held are rescued by the live workers and run again; every
+    # other task ran once.
+    wait_until(lambda: Task.objects.succeeded().count() == 300, timeout=120)
+    attempts = dict(Task.objects.values_list("pk", "attempt"))
+    assert {pk for pk, n in attempts.items() if n == 2} == orphans
+    assert all(n == 1 for pk, n in attempts.items() if pk not in orphans)
+    assert Task.objects.filter(locked_by="sup-0.1").exists()  # the replacement's new id
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0, out.text
+    assert "All worker processes stopped." in out.text

@@ -1,0 +1,744 @@
+"""Periodic tasks: declarations, planning, exactly-once production across workers, admin.
+
+Pure calculations (periods, cron in time zones with DST changes, the missed-run policies) run
+without a database. Everything else runs on real PostgreSQL in transactional tests, so that
+``now()`` advances as it does in production (a test wrapped in one transaction would see the
+database clock stand still).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, connections, transaction
+from django.urls import reverse
+
+from django_pgtasks import pgtask, registry, scheduling
+from django_pgtasks.checks import check_schedules
+from django_pgtasks.models import ArchivedTask, Schedule, Status, Task
+from django_pgtasks.scheduling import (
+    CATCH_UP_LIMIT,
+    Cron,
+    Every,
+    cron,
+    every,
+    parse_when,
+    plan,
+    planned_at,
+    zone,
+)
+from django_pgtasks.signals import task_enqueued
+from django_pgtasks.worker import Worker
+from tests.testapp.models import Execution
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "howto" / "periodic.md"
+TICK = "tests.testapp.periodic.tick"
+db = pytest.mark.django_db(transaction=True)
+P = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
+MINUTE = every(minutes=1)
+UTC_ZONE = zone("UTC")
+
+
+# -- fixtures and helpers -------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def fresh_scheduler_state() -> Iterator[None]:
+    """The scheduler remembers, per process, what it wrote; each test starts from nothing."""
+    scheduling._written.clear()
+    scheduling._reported.clear()
+    yield
+    scheduling._written.clear()
+    scheduling._reported.clear()
+
+
+@pytest.fixture
+def configure(settings: Any) -> Callable[..., None]:
+    """Set PGTASKS keys on top of the test settings (restored after the test)."""
+    base = dict(settings.PGTASKS)
+
+    def apply(**options: Any) -> None:
+        settings.PGTASKS = {**base, **options}
+
+    return apply
+
+
+@pytest.fixture
+def temporary_handlers() -> Iterator[None]:
+    """Handlers registered during the test are unregistered after it, so that schedules
+    declared with ``@pgtask(schedule=...)`` never reach another test's workers."""
+    before = set(registry._registry)
+    yield
+    for name in set(registry._registry) - before:
+        registry._registry.pop(name)
+
+
+def db_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def move_next_run(name: str, seconds_ago: float) -> datetime:
+    """Put a schedule's next planned run ``seconds_ago`` into the past, on the database clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pgtasks_schedule SET next_run_at = now() - make_interval(secs => %s) "
+            "WHERE name = %s RETURNING next_run_at", [seconds_ago, name],
+        )
+        return cursor.fetchone()[0]
+
+
+def planned_runs(name: str) -> list[datetime]:
+    """Planned times of the runs a schedule produced, oldest first (duplicates kept)."""
+    return sorted(planned_at(task) for task in Task.objects.filter(metadata__schedule=name))
+
+
+def every_minute_settings(**entry: Any) -> dict[str, Any]:
+    return {"tick": {"task": TICK, "schedule": every(minutes=1), **entry}}
+
+
+# -- declaring: periods, cron, errors at import time ------------------------------------------
+
+
+def test_periods_are_given_several_ways_and_shown_compactly() -> None:
+    assert every(minutes=5) == Every(timedelta(minutes=5)) == parse_when(300)
+    assert parse_when(timedelta(hours=1)) == every(hours=1)
+    assert every(minutes=90).spec == "every 1h30m"
+    assert every(0.5).spec == "every 0.5s"
+    assert every(days=1, seconds=1.25).spec == "every 1d1.25s"
+    assert parse_when("0  3 * * *") == Cron("0 3 * * *")
+    assert cron("@daily").spec == "0 0 * * *"
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("61 * * * *", "Invalid cron expression '61 * * * *': Bad minute."),
+    ("* * *", "Wrong number of fields"),
+    ("0 0 30 2 *", "Bad day-of-month"),
+    (0, "must be positive"),
+    (timedelta(seconds=-5), "must be positive"),
+    (True, "must be a period"),
+    ("", "Wrong number of fields"),
+])
+def test_an_invalid_schedule_fails_when_the_decorator_runs(
+    value: Any, message: str, temporary_handlers: None
+) -> None:
+    with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+        pgtask(name="tests.invalid_schedule", schedule=value)(lambda: None)
+    assert "tests.invalid_schedule" not in registry.registered_names()
+
+
+def test_an_unknown_time_zone_fails_at_declaration() -> None:
+    with pytest.raises(ImproperlyConfigured, match="Unknown time zone 'Mars/Olympus'"):
+        cron("0 9 * * *", timezone="Mars/Olympus")
+
+
+def test_cron_expressions_take_five_or_six_fields_or_an_alias() -> None:
+    start = datetime(2026, 1, 5, 12, 0, 1, tzinfo=UTC)  # a Monday
+    assert cron("*/10 * * * * *").next_after(start, UTC_ZONE) == start + timedelta(seconds=9)
+    assert cron("15 * * * *").next_after(start, UTC_ZONE) == datetime(2026, 1, 5, 12, 15,
+                                                                       tzinfo=UTC)
+    assert cron("@hourly").next_after(start, UTC_ZONE) == datetime(2026, 1, 5, 13, tzinfo=UTC)
+    assert cron("@weekly").next_after(start, UTC_ZONE) == datetime(2026, 1, 11, tzinfo=UTC)
+    assert cron("@monthly").spec == "0 0 1 * *"
+
+
+def test_a_cron_schedule_without_cronsim_says_what_to_install(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "cronsim", None)  # makes `import cronsim` fail
+    with pytest.raises(ImproperlyConfigured, match="pip install cronsim"):
+        cron("7 7 7 7 *")  # an expression no other test validated (the result is cached)
+    assert every(minutes=1).period == timedelta(minutes=1)  # periods do not need it
+
+
+# -- planning: time zones, DST, no drift, missed runs (pure calculation) -----------------------
+
+
+def chain(when: Every | Cron, tz: str, start: datetime, n: int) -> list[datetime]:
+    """``n`` planned times after ``start``, each computed from the previous planned one."""
+    times, planned = [], start
+    for _ in range(n):
+        planned = when.next_after(planned, zone(tz))
+        times.append(planned)
+    return times
+
+
+def test_cron_at_a_local_time_across_both_dst_changes_in_berlin() -> None:
+    daily = cron("30 2 * * *", timezone="Europe/Berlin")
+    # 2025-03-30: clocks jump from 02:00 to 03:00, so 02:30 does not exist that day.
+    spring = chain(daily, "Europe/Berlin", datetime(2025, 3, 29, 1, 30, tzinfo=UTC), 3)
+    assert spring == [
+        datetime(2025, 3, 30, 1, 0, tzinfo=UTC),   # 03:00 CEST: right after the jump
+        datetime(2025, 3, 31, 0, 30, tzinfo=UTC),  # 02:30 CEST
+        datetime(2025, 4, 1, 0, 30, tzinfo=UTC),
+    ]
+    # 2025-10-26: clocks go back from 03:00 to 02:00, so 02:30 happens twice: one run only.
+    autumn = chain(daily, "Europe/Berlin", datetime(2025, 10, 25, 0, 30, tzinfo=UTC), 3)
+    assert autumn == [
+        datetime(2025, 10, 26, 0, 30, tzinfo=UTC),  # 02:30 CEST, the first 02:30
+        datetime(2025, 10, 27, 1, 30, tzinfo=UTC),  # 02:30 CET
+        datetime(2025, 10, 28, 1, 30, tzinfo=UTC),
+    ]
+
+
+def test_hourly_cron_runs_every_real_hour_across_the_fall_back() -> None:
+    hourly = cron("0 * * * *")
+    start = datetime(2025, 10, 25, 21, 59, tzinfo=UTC)  # 23:59 CEST on the day before
+    times = chain(hourly, "Europe/Berlin", start, 25)
+    assert all(b - a == timedelta(hours=1) for a, b in itertools.pairwise(times))
+    local_days = Counter(t.astimezone(zone("Europe/Berlin")).date().day for t in times)
+    assert local_days[26] == 25  # the long day has 25 hours, each with its run
+
+
+def test_a_daily_cron_keeps_its_local_time_when_new_york_changes_to_summer_time() -> None:
+    nine = cron("0 9 * * *", timezone="America/New_York")
+    times = chain(nine, "America/New_York", datetime(2025, 3, 7, 15, 0, tzinfo=UTC), 3)
+    assert times == [
+        datetime(2025, 3, 8, 14, 0, tzinfo=UTC),  # 09:00 EST
+        datetime(2025, 3, 9, 13, 0, tzinfo=UTC),  # 09:00 EDT
+        datetime(2025, 3, 10, 13, 0, tzinfo=UTC),
+    ]
+
+
+def test_a_run_that_is_late_by_less_than_a_period_plans_the_next_from_its_planned_time() -> None:
+    late = plan(MINUTE, UTC_ZONE, P, P + timedelta(seconds=42.5), "once")
+    assert late.runs == [P]
+    assert late.next_run_at == P + timedelta(minutes=1)  # not 42.5 s later: no drift
+    assert not late.missed
+
+
+def test_missed_runs_once_skip_and_all() -> None:
+    now = P + timedelta(minutes=10, seconds=5)  # the runs at P, P+1m, ..., P+10m are due
+    expected_next = P + timedelta(minutes=11)  # still on the chain that starts at P
+
+    once = plan(MINUTE, UTC_ZONE, P, now, "once")
+    assert (once.runs, once.next_run_at, once.missed) == ([P], expected_next, True)
+
+    skip = plan(MINUTE, UTC_ZONE, P, now, "skip")
+    assert (skip.runs, skip.next_run_at, skip.missed) == ([], expected_next, True)
+
+    everything = plan(MINUTE, UTC_ZONE, P, now, "all")
+    assert everything.runs == [P + timedelta(minutes=k) for k in range(11)]
+    assert everything.next_run_at == expected_next
+    assert not everything.truncated
+
+
+def test_catching_up_all_missed_runs_is_bounded() -> None:
+    now = P + timedelta(days=30)  # 43,200 runs missed
+    result = plan(MINUTE, UTC_ZONE, P, now, "all")
+    assert result.runs == [P + timedelta(minutes=k) for k in range(CATCH_UP_LIMIT)]
+    assert result.truncated
+    assert result.next_run_at == now + timedelta(minutes=1)  # on the chain, in the future
+
+
+def test_missed_cron_runs_continue_at_the_next_cron_time() -> None:
+    quarterly = cron("*/15 * * * *")
+    now = P + timedelta(hours=2, minutes=1)
+    result = plan(quarterly, UTC_ZONE, P, now, "once")
+    assert result.runs == [P]
+    assert result.next_run_at == P + timedelta(hours=2, minutes=15)
+
+
+# -- exactly once, across workers -------------------------------------------------------------
+
+
+def run_workers(n: int, seconds: float) -> list[BaseException]:
+    """Run ``n`` workers in threads for ``seconds``, then stop them; return their errors."""
+    workers = [Worker(worker_id=f"scheduler-{i}", concurrency=2, poll_interval=0.1)
+               for i in range(n)]
+    errors: list[BaseException] = []
+
+    def run(worker: Worker) -> None:
+        try:
+            worker.run(install_signals=False)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(w,), name=w.worker_id) for w in workers]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    for worker in workers:
+        worker.stop()
+    for thread in threads:
+        thread.join(timeout=60)
+    return errors
+
+
+@db
+@pytest.mark.slow
+def test_four_workers_produce_each_planned_run_exactly_once_with_no_gaps(configure) -> None:
+    configure(SCHEDULE={"tick": {"task": TICK, "schedule": every(seconds=1)},
+                        "half": {"task": TICK, "schedule": every(seconds=0.5)}},
+              SCHEDULER_INTERVAL=0.1)
+    producers: Counter[str] = Counter()
+
+    def count_producer(sender: Any, task: Task, **kwargs: Any) -> None:
+        producers[threading.current_thread().name] += 1
+
+    task_enqueued.connect(count_producer)
+    try:
+        errors = run_workers(4, seconds=5.5)
+    finally:
+        task_enqueued.disconnect(count_producer)
+    assert not errors
+
+    for name, period in (("tick", timedelta(seconds=1)), ("half", timedelta(seconds=0.5))):
+        runs = planned_runs(name)
+        assert len(runs) >= 0.8 * (5.5 / period.total_seconds())
+        assert max(Counter(runs).values()) == 1  # no planned time produced twice
+        # Planned times exactly one period apart: no gap, and no drift from late passes.
+        assert all(b - a == period for a, b in itertools.pairwise(runs))
+        state = Schedule.objects.get(name=name)
+        assert state.last_run_at == runs[-1]
+        assert state.next_run_at == runs[-1] + period
+        assert planned_at(Task.objects.get(pk=state.last_task_id)) == runs[-1]
+    print(f"\nruns produced per worker: {dict(producers)}")
+    assert set(producers) <= {f"scheduler-{i}" for i in range(4)}
+    # Every run that was executed was executed once.
+    executed = Counter(Execution.objects.values_list("task_id", flat=True))
+    assert executed
+    assert max(executed.values()) == 1
+
+
+@db
+@pytest.mark.slow
+def test_eight_threads_racing_scheduler_passes_produce_each_run_once(configure) -> None:
+    configure(SCHEDULE={"fast": {"task": TICK, "schedule": every(seconds=0.2)}})
+    deadline = time.monotonic() + 3.0
+    errors: list[BaseException] = []
+
+    def race() -> None:
+        try:
+            while time.monotonic() < deadline:
+                scheduling.run_scheduler("default")
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    runs = planned_runs("fast")
+    assert len(runs) >= 12
+    assert max(Counter(runs).values()) == 1
+    assert all(b - a == timedelta(seconds=0.2) for a, b in itertools.pairwise(runs))
+
+
+@db
+def test_the_guard_rolls_back_a_second_transaction_racing_for_the_same_run(configure) -> None:
+    """Without the row lock of a pass, the guarded UPDATE alone keeps the run unique: the
+    second transaction waits for the first, finds ``next_run_at`` moved on, and rolls back
+    the task it had inserted."""
+    configure(SCHEDULE=every_minute_settings())
+    scheduling.sync()
+    declaration = scheduling.collect()[0]["tick"]
+    planned = Schedule.objects.get(name="tick").next_run_at
+    first_done, release = threading.Event(), threading.Event()
+    results: dict[str, Any] = {}
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                results["first"] = scheduling._produce("default", declaration, planned,
+                                                       db_now(), "once")
+                first_done.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    def second() -> None:
+        try:
+            first_done.wait(10)
+            results["second"] = scheduling._produce("default", declaration, planned,
+                                                    db_now(), "once")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    first_done.wait(10)
+    time.sleep(0.5)
+    assert threads[1].is_alive()  # blocked on the row the first transaction updated
+    release.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert len(results["first"]) == 1
+    assert results["second"] is None
+    assert planned_runs("tick") == [planned]
+    assert Task.objects.count() == 1
+
+
+@db
+def test_a_stale_planned_time_produces_nothing(configure) -> None:
+    configure(SCHEDULE=every_minute_settings())
+    assert len(scheduling.run_scheduler()) == 1
+    declaration = scheduling.collect()[0]["tick"]
+    state = Schedule.objects.get(name="tick")
+    assert scheduling._produce("default", declaration, state.last_run_at, db_now(),
+                               "once") is None
+    assert Task.objects.count() == 1
+    assert Schedule.objects.get(name="tick").next_run_at == state.next_run_at
+
+
+# -- the schedule row: first run, drift, missed runs, changes ----------------------------------
+
+
+@db
+def test_a_new_period_schedule_runs_at_once_and_then_every_period(configure) -> None:
+    configure(SCHEDULE=every_minute_settings(args=[], kwargs={}, queue="emails"))
+    ids = scheduling.run_scheduler()
+    task = Task.objects.get(pk=ids[0])
+    state = Schedule.objects.get(name="tick")
+    assert (task.name, task.queue) == (TICK, "emails")
+    assert task.metadata == {"schedule": "tick", "planned_at": state.last_run_at.isoformat()}
+    assert (state.task_name, state.spec, state.timezone, state.enabled) == (
+        TICK, "every 1m", "UTC", True)
+    assert state.last_task_id == task.pk
+    assert state.next_run_at == state.last_run_at + timedelta(minutes=1)
+    assert scheduling.run_scheduler() == []  # not due again before a minute has passed
+
+
+@db
+def test_a_late_pass_plans_the_next_run_from_the_planned_time(configure) -> None:
+    configure(SCHEDULE={"tick": {"task": TICK, "schedule": 10}})
+    scheduling.sync()
+    planned = move_next_run("tick", 3.3)  # the pass comes 3.3 s after the planned time
+    scheduling.run_scheduler()
+    state = Schedule.objects.get(name="tick")
+    assert state.last_run_at == planned
+    assert state.next_run_at == planned + timedelta(seconds=10)  # exactly, no drift
+    assert planned_runs("tick") == [planned]
+
+
+@pytest.mark.parametrize(("policy", "expected_runs"), [("once", 1), ("skip", 0), ("all", 11)])
+@db
+def test_missed_runs_after_downtime_follow_the_policy(
+    configure, policy: str, expected_runs: int
+) -> None:
+    configure(SCHEDULE=every_minute_settings(), MISSED_RUNS=policy)
+    scheduling.sync()
+    planned = move_next_run("tick", 605)  # stopped for 10 minutes: 11 planned runs passed
+    ids = scheduling.run_scheduler()
+    assert len(ids) == expected_runs
+    runs = planned_runs("tick")
+    assert runs == [planned + timedelta(minutes=k) for k in range(expected_runs)]
+    state = Schedule.objects.get(name="tick")
+    # The schedule continues on its own chain, at the first planned time still ahead.
+    assert state.next_run_at == planned + timedelta(minutes=11)
+    assert state.next_run_at > db_now()
+    assert state.last_run_at == (runs[-1] if runs else None)
+    assert state.last_task_id == (max(ids) if ids else None)
+
+
+@db
+def test_catching_up_all_missed_runs_enqueues_at_most_the_limit(configure, caplog) -> None:
+    configure(SCHEDULE=every_minute_settings(), MISSED_RUNS="all")
+    scheduling.sync()
+    planned = move_next_run("tick", 10_000 * 60)  # about a week of minutes
+    assert len(scheduling.run_scheduler()) == CATCH_UP_LIMIT
+    assert f"the rest beyond {CATCH_UP_LIMIT} skipped" in caplog.text
+    assert planned_runs("tick")[-1] == planned + timedelta(minutes=CATCH_UP_LIMIT - 1)
+    next_run = Schedule.objects.get(name="tick").next_run_at
+    assert (next_run - planned) % timedelta(minutes=1) == timedelta(0)  # still on the chain
+    assert next_run - timedelta(minutes=1) <= db_now() < next_run
+
+
+@db
+def test_a_run_is_produced_even_while_the_previous_one_has_not_finished(configure) -> None:
+    configure(SCHEDULE=every_minute_settings())
+    first = scheduling.run_scheduler()
+    Task.objects.filter(pk__in=first).update(status=Status.RUNNING)
+    move_next_run("tick", 1)
+    second = scheduling.run_scheduler()
+    assert len(second) == 1
+    assert list(Task.objects.order_by("id").values_list("status", flat=True)) == [
+        Status.RUNNING, Status.READY]
+
+
+@db
+def test_a_disabled_schedule_produces_nothing_and_enabling_it_starts_afresh(configure) -> None:
+    configure(SCHEDULE=every_minute_settings(enabled=False))
+    assert scheduling.run_scheduler() == []
+    move_next_run("tick", 3600)
+    assert scheduling.run_scheduler() == []
+    assert Schedule.objects.get(name="tick").enabled is False
+
+    configure(SCHEDULE=every_minute_settings())  # enabled again, an hour later
+    ids = scheduling.run_scheduler()
+    assert len(ids) == 1  # one run now, not a catch-up of the hour it was off
+    state = Schedule.objects.get(name="tick")
+    assert state.enabled is True
+    assert state.last_run_at > db_now() - timedelta(seconds=5)
+
+
+@db
+def test_a_schedule_removed_from_code_keeps_its_row_and_stops(configure) -> None:
+    configure(SCHEDULE=every_minute_settings())
+    first = scheduling.run_scheduler()
+    configure(SCHEDULE={})
+    move_next_run("tick", 3600)
+    assert scheduling.run_scheduler() == []
+    state = Schedule.objects.get(name="tick")
+    assert (state.last_task_id, state.enabled) == (first[0], True)
+    assert Task.objects.count() == 1
+
+
+@db
+def test_a_changed_spec_recomputes_the_next_run_and_an_unchanged_one_writes_nothing(
+    configure,
+) -> None:
+    configure(SCHEDULE=every_minute_settings())
+    scheduling.run_scheduler()
+    before = Schedule.objects.get(name="tick")
+    scheduling._written.clear()  # as in a new worker process with the same code
+    scheduling.sync()
+    assert Schedule.objects.get(name="tick").updated_at == before.updated_at
+
+    # Another task, same spec: the plan stays.
+    configure(SCHEDULE={"tick": {"task": "tests.testapp.periodic.report",
+                                 "schedule": every(minutes=1)}})
+    scheduling.run_scheduler()
+    retasked = Schedule.objects.get(name="tick")
+    assert retasked.task_name == "tests.testapp.periodic.report"
+    assert retasked.next_run_at == before.next_run_at
+
+    configure(SCHEDULE={"tick": {"task": TICK, "schedule": every(minutes=5)}})
+    scheduling.run_scheduler()
+    after = Schedule.objects.get(name="tick")
+    assert after.spec == "every 5m"
+    assert after.next_run_at == before.last_run_at + timedelta(minutes=5)
+    assert Task.objects.count() == 1
+
+    configure(SCHEDULE={"tick": {"task": TICK, "schedule": "0 4 * * *",
+                                 "timezone": "Asia/Tokyo"}})
+    scheduling.run_scheduler()
+    tokyo = Schedule.objects.get(name="tick")
+    assert (tokyo.spec, tokyo.timezone) == ("0 4 * * *", "Asia/Tokyo")
+    # 04:00 in Tokyo is 19:00 UTC, within the next day.
+    assert (tokyo.next_run_at.hour, tokyo.next_run_at.minute) == (19, 0)
+    assert timedelta(0) < tokyo.next_run_at - db_now() <= timedelta(days=1)
+
+
+@db
+def test_a_row_changed_by_another_version_of_the_code_is_left_alone(configure, caplog) -> None:
+    configure(SCHEDULE=every_minute_settings())
+    scheduling.run_scheduler()
+    Schedule.objects.filter(name="tick").update(spec="every 2m")  # written by newer code
+    move_next_run("tick", 3600)
+    assert scheduling.run_scheduler() == []
+    assert Schedule.objects.get(name="tick").spec == "every 2m"
+    assert "changed by another version of the code" in caplog.text
+
+
+@db
+def test_a_pass_costs_one_query_and_nothing_without_schedules(
+    configure, django_assert_num_queries,
+) -> None:
+    configure(SCHEDULE={})
+    with django_assert_num_queries(0):
+        scheduling.run_scheduler()
+    configure(SCHEDULE=every_minute_settings())
+    scheduling.run_scheduler()
+    with django_assert_num_queries(1):
+        assert scheduling.run_scheduler() == []
+
+
+@db
+def test_a_scheduler_interval_of_zero_turns_the_scheduler_off(configure) -> None:
+    configure(SCHEDULE=every_minute_settings(), SCHEDULER_INTERVAL=0)
+    assert Worker(burst=True, concurrency=1).run(install_signals=False) == 0
+    assert not Schedule.objects.exists()
+    configure(SCHEDULE=every_minute_settings(), SCHEDULER_INTERVAL=1.0)
+    assert Worker(burst=True, concurrency=1).run(install_signals=False) == 0
+    assert Schedule.objects.get(name="tick").last_task_id is not None
+
+
+@db
+def test_a_cron_schedule_defaults_to_the_time_zone_setting(configure, settings) -> None:
+    settings.TIME_ZONE = "Europe/Paris"
+    configure(SCHEDULE={"nightly": {"task": TICK, "schedule": "30 3 * * *"}})
+    scheduling.run_scheduler()
+    state = Schedule.objects.get(name="nightly")
+    assert state.timezone == "Europe/Paris"
+    local = state.next_run_at.astimezone(zone("Europe/Paris"))
+    assert (local.hour, local.minute) == (3, 30)
+    assert Task.objects.count() == 0
+
+
+@db
+def test_a_decorated_handler_with_a_schedule_is_run_by_the_scheduler(
+    temporary_handlers: None, configure,
+) -> None:
+    configure(SCHEDULER_INTERVAL=0.1)
+
+    @pgtask(name="tests.heartbeat", schedule=every(seconds=30), queue="urgent")
+    def heartbeat() -> None:
+        pass
+
+    [task_id] = scheduling.run_scheduler()
+    task = Task.objects.get(pk=task_id)
+    assert (task.name, task.queue, task.metadata["schedule"]) == (
+        "tests.heartbeat", "urgent", "tests.heartbeat")
+    assert Worker(burst=True, concurrency=1).run(install_signals=False) == 0
+    assert Task.objects.get(pk=task_id).status == Status.SUCCESSFUL
+
+
+@db
+def test_args_and_kwargs_reach_the_handler(configure) -> None:
+    configure(SCHEDULE={"eu": {"task": "tests.testapp.periodic.report", "schedule": 3600,
+                               "args": ["eu"], "kwargs": {"full": True}}})
+    [task_id] = scheduling.run_scheduler()
+    Worker(burst=True, concurrency=1).run(install_signals=False)
+    assert Task.objects.get(pk=task_id).result == "eu:full"
+
+
+@db
+def test_a_broken_schedule_is_logged_once_and_does_not_stop_the_others(
+    configure, caplog,
+) -> None:
+    configure(SCHEDULE={
+        "bad": {"task": "nowhere.missing", "schedule": 60},
+        "good": {"task": TICK, "schedule": 60},
+    })
+    assert len(scheduling.run_scheduler()) == 1
+    scheduling.run_scheduler()
+    assert caplog.text.count("nowhere.missing") == 1
+    assert not Schedule.objects.filter(name="bad").exists()
+
+
+# -- system checks ------------------------------------------------------------------------
+
+
+def check_ids() -> list[str]:
+    return [error.id.removeprefix("django_pgtasks.") for error in check_schedules()]
+
+
+@db
+def test_a_schedule_name_declared_twice_is_reported(temporary_handlers: None, configure) -> None:
+    pgtask(name="tests.twice", schedule=60)(lambda: None)
+    configure(SCHEDULE={"tests.twice": {"task": TICK, "schedule": 30}})
+    assert check_ids() == ["E030"]
+    assert "declared twice" in check_schedules()[0].msg
+
+
+@db
+def test_valid_schedules_pass_the_checks(configure) -> None:
+    configure(SCHEDULE={"tick": {"task": TICK, "schedule": "*/5 * * * *",
+                                 "timezone": "Europe/Berlin", "queue": "emails"}},
+              MISSED_RUNS="skip")
+    assert check_schedules() == []
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"SCHEDULE": {"x": {"task": "nowhere.missing", "schedule": 60}}}, ["E031"]),
+    ({"SCHEDULE": {"x": {"task": TICK, "schedule": "0 25 * * *"}}}, ["E032"]),
+    ({"SCHEDULE": {"x": {"task": TICK, "schedule": -1}}}, ["E032"]),
+    ({"SCHEDULE": {"x": {"task": TICK, "schedule": 60, "timezone": "Nowhere/Else"}}},
+     ["E032"]),
+    ({"SCHEDULE": {"x": {"task": TICK}}}, ["E032"]),
+    ({"SCHEDULE": {"x": {"task": TICK, "schedule": 60, "every": 5}}}, ["E030"]),
+    ({"SCHEDULE": {"x": {"task": TICK, "schedule": 60, "kwargs": {"queue": "a"}}}},
+     ["E030"]),
+    ({"SCHEDULE": ["x"]}, ["E030"]),
+    ({"SCHEDULE": {"x": {"task": TICK, "schedule": 60, "queue": "nope"}}}, ["E034"]),
+    ({"SCHEDULE": {"x": {"task": TICK, "schedule": 0.5}}}, ["W030"]),
+    ({"MISSED_RUNS": "twice"}, ["E033"]),
+    ({"SCHEDULER_INTERVAL": -1}, ["E010"]),
+])
+@db
+def test_invalid_schedule_settings_are_reported(configure, options: dict, expected: list) -> None:
+    configure(**options)
+    assert check_ids() == expected
+
+
+# -- admin ------------------------------------------------------------------------------------
+
+
+@db
+def test_the_admin_lists_schedules_with_their_last_task_and_outcome(
+    configure, admin_client,
+) -> None:
+    configure(SCHEDULE={
+        "tick": {"task": TICK, "schedule": 60},
+        "nightly": {"task": TICK, "schedule": "0 3 * * *", "timezone": "Europe/Berlin"},
+        "gone": {"task": TICK, "schedule": 60},
+    })
+    ids = scheduling.run_scheduler()
+    tick_task = Schedule.objects.get(name="tick").last_task_id
+    Task.objects.filter(pk=tick_task).update(status=Status.SUCCESSFUL)
+    gone_task = Schedule.objects.get(name="gone").last_task_id
+    Task.objects.filter(pk=gone_task).delete()
+    # The nightly schedule's last run was purged into the archive.
+    ArchivedTask.objects.create(id=10**9, name=TICK, status=Status.FAILED)
+    Schedule.objects.filter(name="nightly").update(last_task_id=10**9)
+    configure(SCHEDULE={  # "gone" is removed from the code
+        "tick": {"task": TICK, "schedule": 60},
+        "nightly": {"task": TICK, "schedule": "0 3 * * *", "timezone": "Europe/Berlin"},
+    })
+    assert len(ids) == 2
+
+    response = admin_client.get(reverse("admin:django_pgtasks_schedule_changelist"))
+    assert response.status_code == 200
+    page = response.content.decode()
+    for text in ("tick", "nightly", "gone", "every 1m", "0 3 * * *", "Europe/Berlin",
+                 f"#{tick_task}</a>", "Successful", f"#{gone_task} (deleted)",
+                 f"#{10**9} (archived)", "Failed"):
+        assert text in page, text
+    nightly = Schedule.objects.get(name="nightly")
+    local = nightly.next_run_at.astimezone(zone("Europe/Berlin"))
+    assert local.strftime("%Y-%m-%d 03:00:00 %Z") in page
+    rows = {s.name: s for s in response.context["cl"].result_list}
+    assert (rows["tick"].is_declared, rows["gone"].is_declared) == (True, False)
+
+    change = reverse("admin:django_pgtasks_schedule_change", args=[rows["tick"].pk])
+    detail = admin_client.get(change)
+    assert detail.status_code == 200
+    assert b'name="_save"' not in detail.content  # read-only
+    delete = "admin:django_pgtasks_schedule_delete"
+    assert admin_client.get(reverse(delete, args=[rows["tick"].pk])).status_code == 403
+    assert admin_client.get(reverse(delete, args=[rows["gone"].pk])).status_code == 200
+    assert admin_client.get(reverse("admin:django_pgtasks_schedule_add")).status_code == 403
+
+
+# -- the how-to's example -------------------------------------------------------------------
+
+
+def python_blocks(path: Path) -> dict[str, str]:
+    """The ```python blocks of a page, by the file name in their first-line comment."""
+    blocks = re.findall(r"```python\n# (\S+)\n(.*?)```", path.read_text(), flags=re.S)
+    return dict(blocks)
+
+
+@db
+def test_the_howto_example_runs(temporary_handlers: None, configure) -> None:
+    blocks = python_blocks(DOCS)
+    exec(compile(blocks["shop/tasks.py"], "shop/tasks.py", "exec"), {"__name__": "shop.tasks"})
+    namespace: dict[str, Any] = {}
+    exec(compile(blocks["settings.py"], "settings.py", "exec"), namespace)
+    configure(**namespace["PGTASKS"])
+    assert check_schedules() == []
+    ids = scheduling.run_scheduler()
+    names = sorted(Task.objects.filter(pk__in=ids).values_list("name", flat=True))
+    assert names == ["shop.tasks.refresh_exchange_rates", "shop.tasks.sync_stock"]
+    assert set(Schedule.objects.values_list("name", flat=True)) == {
+        "shop.tasks.refresh_exchange_rates", "shop.tasks.send_morning_digest",
+        "purge-old-carts", "sync-stock",
+    }

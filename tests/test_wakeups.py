@@ -1,0 +1,193 @@
+"""LISTEN/NOTIFY wake-ups: what notifies, when, and that idle workers wake at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from django_pgtasks.models import Status, Task
+from django_pgtasks.worker import Worker
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def listen() -> Iterator:
+    """A separate connection listening on the channel; returns a function that drains it."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("prepare_threshold", None)
+    conn = psycopg.connect(**params, autocommit=True)
+    conn.execute("LISTEN pgtasks")
+
+    def received(wait: float = 0.3) -> list[str]:
+        return [n.payload for n in conn.notifies(timeout=wait)]
+
+    yield received
+    conn.close()
+
+
+def test_enqueues_notify_once_per_queue_per_transaction_at_commit(listen) -> None:
+    with transaction.atomic():
+        Task.objects.enqueue(tasks.noop)
+        Task.objects.enqueue(tasks.noop)
+        Task.objects.enqueue_many(tasks.noop.build(queue="emails") for _ in range(500))
+        assert listen(0.2) == []  # nothing before commit
+    assert sorted(listen()) == ["default", "emails"]
+
+
+def test_a_rolled_back_enqueue_notifies_nobody(listen) -> None:
+    try:
+        with transaction.atomic():
+            Task.objects.enqueue(tasks.noop)
+            raise RuntimeError("the caller fails")
+    except RuntimeError:
+        pass
+    assert Task.objects.count() == 0
+    assert listen() == []
+
+
+def test_a_delayed_task_notifies_its_delay_relative_to_the_database_clock(listen) -> None:
+    Task.objects.enqueue(tasks.noop, queue="urgent", delay=30)
+    [payload] = listen()
+    queue, delay = payload.split("@")
+    assert queue == "urgent"
+    assert 29.9 <= float(delay) <= 30.0
+
+
+def test_claims_and_completions_are_silent_but_retries_notify(listen) -> None:
+    Task.objects.enqueue(tasks.noop)
+    Task.objects.enqueue(tasks.noop)
+    assert listen() == ["default", "default"]  # two transactions
+    first, second = Task.objects.claim("w", limit=2)
+    Task.objects.mark_succeeded(first)
+    assert listen() == []
+    Task.objects.mark_failed(second, "boom", retry_delay=0)
+    assert listen() == ["default"]
+    Task.objects.filter(pk=second.pk).update(priority=7)  # not a new pending task
+    assert listen() == []
+
+
+@pytest.fixture
+def quiet(settings) -> None:
+    """No other reason to wake up: heartbeats and maintenance far apart, so that only a
+    notification (or its absence) decides when an idle worker looks for work."""
+    settings.PGTASKS = {**settings.PGTASKS, "HEARTBEAT_INTERVAL": 30.0,
+                        "RESCUE_INTERVAL": 30.0, "RESCUE_GRACE": 60.0}
+
+
+def run_in_thread(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    deadline = time.monotonic() + 10
+    while worker.listener is None or not worker.listener.connected.is_set():
+        assert time.monotonic() < deadline, "listener did not connect"
+        time.sleep(0.02)
+    return thread
+
+
+def wait_for_status(task: Task, status: str, timeout: float) -> Task:
+    deadline = time.monotonic() + timeout
+    while Task.objects.get(pk=task.pk).status != status:
+        assert time.monotonic() < deadline, f"task {task.pk} not {status} in {timeout}s"
+        time.sleep(0.01)
+    return Task.objects.get(pk=task.pk)
+
+
+def test_an_idle_worker_wakes_at_once_when_work_arrives(quiet) -> None:
+    worker = Worker(concurrency=1, poll_interval=60)  # polling alone would take a minute
+    thread = run_in_thread(worker)
+    try:
+        time.sleep(0.3)  # idle, asleep
+        task = Task.objects.enqueue(tasks.noop)
+        done = wait_for_status(task, Status.SUCCESSFUL, timeout=10)
+        assert (done.started_at - done.created_at).total_seconds() < 5
+    finally:
+        worker.stop()
+        thread.join(10)
+
+
+def test_an_idle_worker_sleeps_until_a_delayed_task_is_due(quiet) -> None:
+    worker = Worker(concurrency=1, poll_interval=60)
+    thread = run_in_thread(worker)
+    try:
+        task = Task.objects.enqueue(tasks.noop, delay=1.0)
+        done = wait_for_status(task, Status.SUCCESSFUL, timeout=15)
+        waited = (done.started_at - done.created_at).total_seconds()  # database clock
+        assert 1.0 <= waited < 5
+    finally:
+        worker.stop()
+        thread.join(10)
+
+
+def test_the_listener_reconnects_after_its_backend_is_terminated(quiet) -> None:
+    worker = Worker(concurrency=1, poll_interval=60)
+    thread = run_in_thread(worker)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                           "WHERE query = 'LISTEN pgtasks' AND datname = current_database()")
+            assert cursor.fetchone()[0] == 1
+        time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while not worker.listener.connected.is_set():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        task = Task.objects.enqueue(tasks.noop)
+        wait_for_status(task, Status.SUCCESSFUL, timeout=10)
+    finally:
+        worker.stop()
+        thread.join(10)
+
+
+def test_each_delayed_task_wakes_the_worker_when_it_is_due(quiet) -> None:
+    worker = Worker(concurrency=1, poll_interval=60)
+    thread = run_in_thread(worker)
+    try:
+        first = Task.objects.enqueue(tasks.noop, delay=1.0)
+        second = Task.objects.enqueue(tasks.noop, delay=2.0)
+        for task, delay in ((first, 1.0), (second, 2.0)):
+            done = wait_for_status(task, Status.SUCCESSFUL, timeout=15)
+            waited = (done.started_at - done.created_at).total_seconds()
+            assert delay <= waited < delay + 2
+    finally:
+        worker.stop()
+        thread.join(10)
+
+
+def test_an_idle_worker_without_notifications_waits_for_its_poll(quiet, settings) -> None:
+    """The control experiment: with LISTEN off, the same worker only finds work by polling."""
+    settings.PGTASKS = {**settings.PGTASKS, "LISTEN": False}
+    worker = Worker(concurrency=1, poll_interval=3)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        time.sleep(0.5)  # the start-up claim is done; asleep until the next poll
+        task = Task.objects.enqueue(tasks.noop)
+        done = wait_for_status(task, Status.SUCCESSFUL, timeout=15)
+        assert (done.started_at - done.created_at).total_seconds() >= 1.5
+    finally:
+        worker.stop()
+        thread.join(10)
+
+
+def test_without_listen_the_worker_polls(settings) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "LISTEN": False}
+    worker = Worker(concurrency=1, poll_interval=0.2)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        time.sleep(0.3)
+        assert worker.listener is None
+        task = Task.objects.enqueue(tasks.noop)
+        wait_for_status(task, Status.SUCCESSFUL, timeout=10)
+    finally:
+        worker.stop()
+        thread.join(10)

@@ -1,0 +1,166 @@
+"""Sample task handlers used across the test suite."""
+
+from __future__ import annotations
+
+from django_pgtasks import FatalError, pgtask
+from django_pgtasks.registry import TaskContext
+
+from .models import Execution
+
+
+@pgtask
+def noop() -> None:
+    """Does nothing."""
+
+
+@pgtask
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@pgtask(context=True)
+def log_execution(ctx: TaskContext) -> None:
+    """At-least-once: the log row commits before the completion does."""
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+
+
+@pgtask(context=True, atomic=True)
+def log_execution_atomic(ctx: TaskContext) -> None:
+    """Exactly-once: the log row commits in the completion's transaction."""
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+
+
+@pgtask(context=True, max_attempts=5, backoff="linear")
+def flaky(ctx: TaskContext, fail_times: int) -> str:
+    """Fails ``fail_times`` attempts, then succeeds."""
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+    if ctx.attempt <= fail_times:
+        raise ConnectionError(f"attempt {ctx.attempt} failed")
+    return "ok"
+
+
+@pgtask(max_attempts=3)
+def always_fails(message: str = "boom") -> None:
+    raise RuntimeError(message)
+
+
+@pgtask(max_attempts=5)
+def fatal_failure() -> None:
+    raise FatalError("the input can never work")
+
+
+@pgtask(max_attempts=5, fatal=(LookupError,))
+def declared_fatal() -> None:
+    raise KeyError("missing")
+
+
+@pgtask
+def returns_unserializable() -> object:
+    return object()
+
+
+@pgtask
+async def async_add(a: int, b: int) -> int:
+    return a + b
+
+
+@pgtask(max_attempts=1)
+def fails_loudly(size: int) -> None:
+    raise RuntimeError("x" * size)
+
+
+@pgtask(context=True, atomic=True)
+def cancelled_while_running(ctx: TaskContext) -> None:
+    """Writes a row, then an operator cancels the task from another connection."""
+    import threading
+
+    from django.db import connections
+
+    from django_pgtasks.models import Status, Task
+
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+
+    def cancel_elsewhere() -> None:
+        try:
+            Task.objects.filter(pk=ctx.task_id).update(status=Status.CANCELLED)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=cancel_elsewhere)
+    thread.start()
+    thread.join()
+
+
+@pgtask
+def sleepy(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+@pgtask(max_attempts=1)
+def exits() -> None:
+    raise SystemExit(3)
+
+
+@pgtask(timeout=0.5, max_attempts=1, context=True)
+def hangs(ctx: TaskContext, seconds: float) -> None:
+    """Overruns its time limit; logs an execution row when it finally returns."""
+    import time
+
+    time.sleep(seconds)
+    Execution.objects.create(task_id=ctx.task_id, worker="late", attempt=ctx.attempt)
+
+
+@pgtask(timeout=0.3, max_attempts=1)
+async def async_hangs() -> None:
+    import asyncio
+
+    await asyncio.sleep(30)
+
+
+@pgtask(context=True, atomic=True, max_attempts=10)
+def chaos_exactly_once(ctx: TaskContext) -> None:
+    """Chaos test, exactly-once mode: the log row commits with the completion, or not at all."""
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+
+
+@pgtask(context=True, max_attempts=10)
+def chaos_at_least_once(ctx: TaskContext) -> None:
+    """Chaos test, at-least-once mode: the log row commits before the completion."""
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+
+
+# A three-stage pipeline. Each stage's effect (an Execution row naming the pipeline and the
+# stage) commits with the stage's completion and the enqueue of the next stage.
+@pgtask(context=True, atomic=True, max_attempts=10)
+def extract(ctx: TaskContext, size: int) -> int:
+    Execution.objects.create(task_id=ctx.task_id, worker="extract", attempt=ctx.attempt)
+    ctx.then(transform, ctx.task_id, size * 2)
+    return size
+
+
+@pgtask(context=True, atomic=True, max_attempts=10)
+def transform(ctx: TaskContext, root: int, size: int) -> int:
+    if size < 0:
+        raise FatalError(f"cannot transform a negative size {size}")
+    Execution.objects.create(task_id=root, worker="transform", attempt=ctx.attempt)
+    ctx.then(load, root, size + 1, stage="load")
+    return size
+
+
+@pgtask(context=True, atomic=True, max_attempts=10)
+def load(ctx: TaskContext, root: int, size: int) -> int:
+    Execution.objects.create(task_id=root, worker="load", attempt=ctx.attempt)
+    return size
+
+
+@pgtask(context=True, max_attempts=10)
+def divide_sometimes(ctx: TaskContext, seed: int) -> float:
+    """Logs each execution, then divides by zero about one time in three."""
+    import random
+
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+    if random.Random(seed * 1000 + ctx.attempt).random() < 0.35:
+        return 1 / 0
+    return 1.0
