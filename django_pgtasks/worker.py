@@ -627,8 +627,11 @@ class ThreadPool:
                     abandoned = me in self._abandoned
                     if abandoned:
                         self._abandoned.discard(me)
-                    else:
-                        self._running.pop(task.pk, None)
+                    elif self._running.get(task.pk) is slot:
+                        # Only this run's slot: once its outcome is recorded, the same task
+                        # may already be claimed again (a retry due at once) and submitted
+                        # under the same id.
+                        del self._running[task.pk]
                 if abandoned:  # timed out: a replacement thread has taken over the slot
                     return
                 self._slot_freed.set()

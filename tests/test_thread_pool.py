@@ -1,0 +1,51 @@
+"""The worker's thread pool keeps count of what runs, even when a task comes straight back.
+
+A retry that is due at once can be claimed again, and submitted under the same id, before the
+thread that ran the failed attempt has cleared its slot. The pool must then still count the
+new attempt as running: a worker in ``--burst`` mode that saw nothing running would exit and
+give the new attempt back unstarted.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from django_pgtasks.models import Task
+from django_pgtasks.worker import ThreadPool
+
+
+def test_a_task_resubmitted_before_its_last_run_cleared_still_counts_as_running() -> None:
+    resubmitted = threading.Event()
+    release_second = threading.Event()
+    runs: list[Task] = []
+    pool: ThreadPool
+
+    def target(task: Task) -> None:
+        runs.append(task)
+        if len(runs) == 1:
+            # The attempt is recorded; before this thread clears its slot, the main loop
+            # claims the retry and submits it under the same id.
+            pool.submit(Task(pk=task.pk, name=task.name))
+            resubmitted.set()
+        else:
+            release_second.wait(10)
+
+    pool = ThreadPool(2, target, threading.Event())
+    try:
+        pool.submit(Task(pk=7, name="sample"))
+        assert resubmitted.wait(10)
+        # The first run has returned (or is about to); wait until a second thread holds
+        # the second run, then check that it is still counted.
+        for _ in range(1000):
+            if len(runs) == 2:
+                break
+            threading.Event().wait(0.01)
+        assert len(runs) == 2
+        threading.Event().wait(0.05)  # let the first thread finish clearing up
+        assert pool.busy == 1
+        assert pool.ids() == {7}
+        release_second.set()
+    finally:
+        release_second.set()
+        pool.shutdown()
+    assert pool.busy == 0
