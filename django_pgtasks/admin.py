@@ -1,24 +1,35 @@
-"""The Django admin for tasks.
+"""The Django admin for tasks: a dashboard, the task list, and a few guarded actions.
 
-The changelist opens with a summary (counts per task name and status, and the commonest
-failures grouped by their first error line). A task's page is read-only, except its priority
-while it still waits to run. Bulk actions retry, cancel or re-prioritize tasks after a
-confirmation page.
+The **dashboard** (``admin/django_pgtasks/task/dashboard/``) answers "what is stuck, what is
+failing and why, is the queue keeping up" for each database that holds queues: per queue the
+waiting and running tasks, the oldest waiting age and the last hour's throughput; counts per
+task name and status; failed tasks grouped by error; stuck tasks; live workers; and a chart of
+the last 24 hours. Its numbers come from :mod:`django_pgtasks.dashboard`, whose queries are
+bounded by the rows they report on, never by the size of the table.
+
+The **task list** filters by status, queue, task name and error group, searches ids and keys,
+and counts its rows only up to :data:`COUNT_LIMIT`. A task's page is read-only, except its
+priority while it still waits to run. Bulk actions retry, cancel or re-prioritize tasks after
+a confirmation page, and the dashboard requeues a whole error group.
 
 Every change made here goes through the guarded statements the rest of the app uses
 (``retry_now()``, ``cancel()``, ``set_priority()``). The admin never saves a whole task row: a
 worker may be updating that row at the same moment, and a full ``save()`` would write back the
 stale copy the page was built from.
+
+With queues on several databases (:mod:`django_pgtasks.routing`), every page takes a
+``database`` query parameter naming the alias to show; it defaults to ``PGTASKS["DATABASE"]``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from collections import Counter
 from datetime import datetime
 from functools import cached_property
 from typing import Any
+from urllib.parse import parse_qsl
 
 import django
 from django import forms
@@ -27,38 +38,40 @@ from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.templatetags.admin_urls import admin_urlname
 from django.contrib.admin.utils import flatten_fieldsets
-from django.db.models import Case, Count, F, Func, Max, OuterRef, Subquery, TextField, Value, When
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import Case, Count, OuterRef, Subquery, Value, When
 from django.db.models import Field as ModelField
-from django.db.models.functions import Coalesce, Left
 from django.forms import Field as FormField
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
+from . import dashboard, routing
 from .conf import pgtasks_settings
-from .models import PENDING, ArchivedTask, Schedule, Status, Task, TaskQuerySet
+from .dashboard import ERROR_GROUP_LENGTH, error_group_expression
+from .models import FINISHED, PENDING, ArchivedTask, Schedule, Status, Task, TaskQuerySet
 from .registry import registered_names
 from .validation import PRIORITY_MAX, PRIORITY_MIN
 
-#: Task names the changelist summary shows at most (one aggregate query reads
-#: ``SUMMARY_MAX_NAMES * len(Status)`` groups at most).
-SUMMARY_MAX_NAMES = 100
-#: Error groups the changelist summary lists at most, commonest first.
-SUMMARY_MAX_ERROR_GROUPS = 20
-#: Characters of a normalized first error line that name its group. Bounds the links the
-#: summary builds and the values the error-group filter accepts.
-ERROR_GROUP_LENGTH = 200
+#: Rows the task list counts at most. Beyond it the list says "more than 10,000" instead of
+#: counting every matching row of a table that may hold millions on each page view.
+COUNT_LIMIT = 10_000
 #: Newest tasks the name filter reads for names beyond the registered handlers.
-NAME_FILTER_SAMPLE = 10_000
+NAME_FILTER_SAMPLE = 2_000
 #: Names the name filter offers at most.
 NAME_FILTER_MAX = 100
 #: Query-string parameter of the status filter (Django's filter for a field with choices).
 STATUS_PARAM = "status__exact"
+#: Query-string parameter naming the database alias a page shows.
+DATABASE_PARAM = "database"
 
 # A numeric search term is also looked up as a task id. Eighteen digits always fit a bigint.
 _TASK_ID_RE = re.compile(r"[0-9]{1,18}")
@@ -66,27 +79,37 @@ _TASK_ID_RE = re.compile(r"[0-9]{1,18}")
 # messages claim a change that did not happen.
 _REFUSED = "_pgtasks_change_refused"
 
+__all__ = [
+    "COUNT_LIMIT", "ErrorGroupFilter", "NameFilter", "QueueFilter", "ScheduleAdmin",
+    "TaskAdmin", "error_group_expression",
+]
 
-def error_group_expression() -> Func:
-    """SQL naming a failure's group: the first line of ``error_text`` with ids blanked out.
 
-    Hexadecimal words that contain a digit (UUIDs, hashes, ``0x`` addresses), then any other
-    run of digits, become ``N``; "Order 41 not found" and "Order 97 not found" are one
-    problem. The summary groups by this expression and the error-group filter compares with
-    it, so a group's link always finds exactly the tasks that were counted.
+def selected_database(request: HttpRequest) -> str:
+    """The database alias a request is about: its ``database`` parameter, else the one kept
+    in the list's preserved filters (on a task's page), else ``PGTASKS["DATABASE"]``.
+
+    Only aliases that hold queues (:func:`routing.queue_databases`) are accepted.
     """
-    first_line = Func(
-        F("error_text"), Value("\n"), Value(1), function="split_part", output_field=TextField()
-    )
-    without_hex = _regexp_replace(first_line, r"\m(0x)?[0-9a-fA-F]*[0-9][0-9a-fA-F]*\M")
-    return Left(_regexp_replace(without_hex, "[0-9]+"), ERROR_GROUP_LENGTH)
+    value = request.GET.get(DATABASE_PARAM) or request.POST.get(DATABASE_PARAM)
+    if not value:
+        preserved = request.GET.get("_changelist_filters", "")
+        value = dict(parse_qsl(preserved)).get(DATABASE_PARAM)
+    if not value:
+        return str(pgtasks_settings.DATABASE)
+    if value not in routing.queue_databases():
+        raise Http404(f"No task database {value[:100]!r}.")
+    return value
 
 
-def _regexp_replace(expression: Func, pattern: str) -> Func:
-    return Func(
-        expression, Value(pattern), Value("N"), Value("g"),
-        function="regexp_replace", output_field=TextField(),
-    )
+def _with_database(url: str, database: str) -> str:
+    """``url`` with the ``database`` parameter, unless it is the default database."""
+    if database == pgtasks_settings.DATABASE:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}{urlencode({DATABASE_PARAM: database})}"
+
+
+# -- list filters ------------------------------------------------------------------------
 
 
 def _checked_param(value: str, max_length: int) -> str:
@@ -142,16 +165,17 @@ class NameFilter(admin.SimpleListFilter):
     def recent_names(tasks: TaskQuerySet) -> TaskQuerySet:
         """Distinct names among the newest :data:`NAME_FILTER_SAMPLE` of ``tasks``.
 
-        The bound is an id range (``id >=`` the sample's oldest id), which PostgreSQL reads
-        from the primary key index. ``id IN (newest ids)`` would be planned as a hash join
-        over a sequential scan of the whole table.
+        The bound is an id range (``id >=`` the sample's oldest id), read from the primary
+        key index. The oldest id is looked up first, so that the planner sees the actual
+        (short) range: as a subquery it would be planned as a third of the table, and
+        ``id IN (newest ids)`` as a hash join over a sequential scan of the whole table.
         """
         tasks = tasks.order_by()
-        oldest_in_sample = tasks.order_by("-id").values("id")[
+        oldest_in_sample = list(tasks.order_by("-id").values_list("id", flat=True)[
             NAME_FILTER_SAMPLE - 1 : NAME_FILTER_SAMPLE
-        ]
+        ])
         return (
-            tasks.filter(id__gte=Coalesce(Subquery(oldest_in_sample), Value(0)))
+            tasks.filter(id__gte=oldest_in_sample[0] if oldest_in_sample else 0)
             .values_list("name", flat=True)
             .distinct()
         )
@@ -199,123 +223,195 @@ class ErrorGroupFilter(admin.SimpleListFilter):
         return queryset.alias(error_group=error_group_expression()).filter(error_group=value)
 
 
-# -- changelist summary ------------------------------------------------------------------
+
+# -- the task list -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SummaryLink:
-    label: str
-    url: str
+class BoundedCountPaginator(Paginator):
+    """Counts at most :data:`COUNT_LIMIT` rows (``SELECT count(*) FROM (… LIMIT n)``).
 
-
-@dataclass(frozen=True)
-class SummaryCell:
-    count: int
-    url: str
-
-
-@dataclass(frozen=True)
-class SummaryRow:
-    name: str
-    url: str
-    #: One cell per status, in the order of :attr:`TaskSummary.status_columns`.
-    cells: list[SummaryCell]
-    total: int
-
-
-@dataclass(frozen=True)
-class ErrorGroup:
-    #: The normalized first line of the error, as grouped by :func:`error_group_expression`.
-    text: str
-    count: int
-    last_failed_at: datetime | None
-    url: str
-
-
-class TaskSummary:
-    """The changelist header: task counts per name and status, and failures by error group.
-
-    Each part is one aggregate query, run only when a template first reads it, so requests
-    that end in a redirect (such as a confirmed action) never pay for it.
+    ``capped`` tells that more rows match; the list then says "more than" the limit, and its
+    last page is the last one within the limit. On the first page, the page's rows are read
+    first: when they are all there is (a search, a small error group), that is the count,
+    and no counting query runs at all.
     """
 
-    max_names = SUMMARY_MAX_NAMES
+    capped = False
 
-    def __init__(self, queryset: TaskQuerySet, changelist_url: str) -> None:
-        self.queryset = queryset.order_by()
-        self.changelist_url = changelist_url
-
-    def url(self, **params: str) -> str:
-        """The changelist filtered by ``params`` (filter query-string parameters)."""
-        return f"{self.changelist_url}?{urlencode(params)}"
+    def __init__(self, *args: Any, first_page: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.first_page = first_page
+        #: The whole result, when it fit on the first page.
+        self.whole_result: list[Task] | None = None
 
     @cached_property
-    def status_columns(self) -> list[SummaryLink]:
-        return [
-            SummaryLink(str(label), self.url(**{STATUS_PARAM: value}))
-            for value, label in Status.choices
-        ]
+    def count(self) -> int:
+        if self.first_page:
+            head = list(self.object_list[: self.per_page + 1])
+            if len(head) <= self.per_page:
+                self.whole_result = head
+                return len(head)
+        counted = self.object_list.order_by()[: COUNT_LIMIT + 1].count()
+        self.capped = counted > COUNT_LIMIT
+        return min(counted, COUNT_LIMIT)
+
+
+class TaskChangeList(ChangeList):
+    """The stock change list, plus the ``database`` parameter, which is not a filter."""
+
+    def get_filters_params(self, params: Any = None) -> Any:
+        lookup_params = super().get_filters_params(params)
+        lookup_params.pop(DATABASE_PARAM, None)
+        return lookup_params
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.result_count_capped = getattr(self.paginator, "capped", False)
+        self.count_limit = COUNT_LIMIT
+        whole = getattr(self.paginator, "whole_result", None)
+        if whole is not None and not self.multi_page:
+            self.result_list = whole  # already read: do not query again
+
+
+def status_counts(queryset: TaskQuerySet) -> Counter[str]:
+    """Tasks of ``queryset`` per status (one aggregate query)."""
+    rows = queryset.order_by().values_list("status").annotate(n=Count("id"))
+    return Counter(dict(rows))
+
+
+def _status_labels(counts: Counter[str]) -> list[tuple[str, int]]:
+    """(label, count) per status, in the order of :class:`Status`."""
+    labels = dict(Status.choices)
+    return [(str(labels.get(status, status)), counts[status])
+            for status in [*Status.values, *sorted(set(counts) - set(Status.values))]
+            if counts.get(status)]
+
+
+def bulk_change_message(
+    verb: str, before: Counter[str], changed: int, reasons: dict[str, str],
+    leftover: str | None = None,
+) -> tuple[str, int]:
+    """"<verb>: N changed, M skipped (k running, j already finished)." and its level.
+
+    ``before`` counts the selection per status before the update; ``reasons`` says why the
+    update leaves tasks of a status alone. Skipped tasks no status explains get ``leftover``
+    (by default: changed meanwhile, or a deduplication key another live task holds).
+    """
+    selected = sum(before.values())
+    skipped = max(selected - changed, 0)
+    explained: Counter[str] = Counter()
+    budget = skipped
+    for status, reason in reasons.items():
+        n = min(before.get(status, 0), budget)
+        if n:
+            explained[str(reason)] += n
+            budget -= n
+    if budget:
+        explained[str(leftover or _("key held by another live task, or changed meanwhile"))] += (
+            budget)
+    message = _("%(verb)s: %(changed)d changed, %(skipped)d skipped") % {
+        "verb": verb, "changed": changed, "skipped": skipped}
+    if explained:
+        message += " (" + ", ".join(f"{n} {reason}" for reason, n in explained.items()) + ")"
+    return message + ".", messages.SUCCESS if not skipped else messages.WARNING
+
+
+def _since_param(value: str) -> datetime | None:
+    """An aware ISO datetime (the dashboard's window start), or ``None`` for "any time"."""
+    if not value:
+        return None
+    try:
+        since = datetime.fromisoformat(value)
+    except ValueError:
+        raise Http404("Invalid time.") from None
+    if since.tzinfo is None:
+        raise Http404("Invalid time.")
+    return since
+
+
+def _hours_param(request: HttpRequest) -> int:
+    """The dashboard's window (``?hours=``), 24 unless a whole number in range is given."""
+    try:
+        hours = int(request.GET.get("hours", 24))
+    except ValueError:
+        return 24
+    return hours if 1 <= hours <= dashboard.MAX_HOURS else 24
+
+
+class DashboardSection:
+    """One database's snapshot, with the links the dashboard template shows."""
+
+    def __init__(self, model_admin: TaskAdmin, request: HttpRequest,
+                 snapshot: dashboard.DatabaseSnapshot) -> None:
+        self.admin = model_admin
+        self.snapshot = snapshot
+        self.database = snapshot.database
+        self.can_change = model_admin.has_change_permission(request)
+
+    def list_url(self, **params: Any) -> str:
+        if self.database != pgtasks_settings.DATABASE:
+            params[DATABASE_PARAM] = self.database
+        return f"{self.admin.url('changelist')}?{urlencode(params)}"
 
     @cached_property
-    def _counts(self) -> tuple[list[SummaryRow], bool]:
-        limit = SUMMARY_MAX_NAMES * len(Status)
-        groups = list(
-            self.queryset.values("name", "status")
-            .annotate(n=Count("id"))
-            .order_by("name", "status")[: limit + 1]
+    def chart(self) -> SafeString:
+        return dashboard.chart_svg(
+            self.snapshot.chart,
+            title=str(_("Tasks per hour over the last 24 hours, database %(db)s")
+                      % {"db": self.database}),
         )
-        truncated = len(groups) > limit
-        by_name: dict[str, dict[str, int]] = {}
-        for group in groups[:limit]:
-            by_name.setdefault(group["name"], {})[group["status"]] = group["n"]
-        if truncated:
-            # The limit may have cut the last name's statuses short; show complete rows only.
-            by_name.popitem()
-        rows = [
-            SummaryRow(
-                name=name,
-                url=self.url(name=name),
-                cells=[
-                    SummaryCell(counts.get(status, 0),
-                                self.url(name=name, **{STATUS_PARAM: status}))
-                    for status in Status.values
-                ],
-                total=sum(counts.values()),
-            )
-            for name, counts in by_name.items()
-        ]
-        return rows, truncated
-
-    @property
-    def rows(self) -> list[SummaryRow]:
-        return self._counts[0]
-
-    @property
-    def truncated(self) -> bool:
-        """Whether there were more task names than :data:`SUMMARY_MAX_NAMES`."""
-        return self._counts[1]
 
     @cached_property
-    def error_groups(self) -> list[ErrorGroup]:
-        """Failed tasks grouped by their normalized first error line, commonest first."""
-        groups = (
-            self.queryset.failed()
-            .values(error_group=error_group_expression())
-            .annotate(n=Count("id"), last_failed_at=Max("finished_at"))
-            .order_by("-n", "error_group")[:SUMMARY_MAX_ERROR_GROUPS]
-        )
+    def queues(self) -> list[dict[str, Any]]:
+        return [{"row": row, "url": self.list_url(queue=row.queue)}
+                for row in self.snapshot.queues]
+
+    @cached_property
+    def status_columns(self) -> list[dict[str, Any]]:
+        live = set(self.snapshot.live_statuses)
+        return [{"value": value, "label": label, "live": value in live,
+                 "url": self.list_url(**{STATUS_PARAM: value})}
+                for value, label in Status.choices]
+
+    @cached_property
+    def names(self) -> list[dict[str, Any]]:
+        since = self.snapshot.since.isoformat()
+        rows = []
+        for row in self.snapshot.names:
+            cells = []
+            for column in self.status_columns:
+                params = {"name": row.name, STATUS_PARAM: column["value"]}
+                if not column["live"]:
+                    params["finished_at__gte"] = since
+                cells.append({"count": row.counts.get(column["value"], 0),
+                              "url": self.list_url(**params)})
+            rows.append({"name": row.name, "url": self.list_url(name=row.name),
+                         "cells": cells, "total": row.total})
+        return rows
+
+    @cached_property
+    def error_groups(self) -> list[dict[str, Any]]:
+        requeue = self.admin.url("requeue_group")
+        since, database = self.snapshot.since, self.database
         return [
-            ErrorGroup(
-                text=group["error_group"],
-                count=group["n"],
-                last_failed_at=group["last_failed_at"],
-                url=self.url(**{
-                    STATUS_PARAM: Status.FAILED,
-                    ErrorGroupFilter.parameter_name: group["error_group"],
-                }),
-            )
-            for group in groups
+            {"group": group,
+             "url": self.admin._group_list_url(group.text, database, since),
+             "requeue_url": f"{requeue}?"
+                            f"{urlencode(self.admin._requeue_params(group.text, database, since))}"}
+            for group in self.snapshot.error_groups
         ]
+
+    @cached_property
+    def stuck(self) -> list[dict[str, Any]]:
+        return [{"task": task,
+                 "url": _with_database(self.admin.url("change", task.id), self.database)}
+                for task in self.snapshot.stuck]
+
+    @cached_property
+    def estimates(self) -> list[tuple[str, int]]:
+        by_status = self.snapshot.estimate.by_status
+        return [(label, by_status[value]) for value, label in Status.choices
+                if value in by_status]
 
 
 # -- action forms ------------------------------------------------------------------------
@@ -341,21 +437,22 @@ def _confirmed(request: HttpRequest) -> bool:
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
     list_display = (
-        "id", "name", "queue", "status", "priority", "attempts", "run_after", "started_at",
-        "finished_at", "locked_by", "error_summary",
+        "id", "name", "queue", "status", "priority", "attempts", "run_after", "finished_at",
+        "locked_by", "payload_summary", "error_summary",
     )
     list_filter = ("status", QueueFilter, NameFilter, ErrorGroupFilter)
-    search_fields = ("key__exact", "name")
-    search_help_text = _(
-        "A task id, an exact deduplication key, or part of a task name."
-    )
+    search_fields = ("key__exact",)
+    search_help_text = _("A task id, or an exact deduplication key.")
     ordering = ("-id",)
-    list_per_page = 100
+    list_per_page = 50
+    paginator = BoundedCountPaginator
     # Both would add counting queries over the whole table to every changelist view.
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     actions = ("retry_now_selected", "cancel_selected", "change_priority_selected")
     action_confirmation_template = "admin/django_pgtasks/task/action_confirmation.html"
+    dashboard_template = "admin/django_pgtasks/task/dashboard.html"
+    requeue_group_template = "admin/django_pgtasks/task/requeue_group.html"
 
     fieldsets = (
         (None, {"fields": ("id", "name", "queue", "status", "priority", "key", "stage")}),
@@ -378,14 +475,50 @@ class TaskAdmin(admin.ModelAdmin):
     def error_summary(self, obj: Task) -> str:
         return Truncator(obj.error_text.partition("\n")[0]).chars(80)
 
+    @admin.display(description=_("arguments"))
+    def payload_summary(self, obj: Task) -> str:
+        """The call's arguments as compact JSON, cut short; the task's page shows them all."""
+        args = ", ".join(json.dumps(a, ensure_ascii=False) for a in obj.args)
+        kwargs = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}"
+                           for k, v in obj.kwargs.items())
+        return Truncator(", ".join(p for p in (args, kwargs) if p)).chars(60)
+
+    def get_queryset(self, request: HttpRequest) -> TaskQuerySet:
+        return super().get_queryset(request).using(selected_database(request))
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return TaskChangeList
+
+    def get_paginator(
+        self, request: HttpRequest, queryset: TaskQuerySet, per_page: int, orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> Paginator:
+        first_page = request.GET.get("p", "1") == "1" and "all" not in request.GET
+        return self.paginator(queryset, per_page, orphans, allow_empty_first_page,
+                              first_page=first_page)
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        # Within one task name, the tasks that needed the most attempts come first: that is
+        # where a problem shows.
+        if request.GET.get(NameFilter.parameter_name):
+            return ("-attempt", "-id")
+        return self.ordering
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        changelist_url = reverse(
-            admin_urlname(self.opts, "changelist"), current_app=self.admin_site.name
-        )
-        summary = TaskSummary(self.get_queryset(request), changelist_url)
-        return super().changelist_view(request, {"task_summary": summary, **(extra_context or {})})
+        database = selected_database(request)
+        context = {
+            "dashboard_url": _with_database(self.url("dashboard"), database),
+            "task_database": database,
+            "task_databases": routing.queue_databases(),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
+
+    def url(self, name: str, *args: Any) -> str:
+        return reverse(admin_urlname(self.opts, name), args=args,
+                       current_app=self.admin_site.name)
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         # PostgreSQL answers a NUL character in a text parameter with an error, not an empty
@@ -397,11 +530,13 @@ class TaskAdmin(admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: TaskQuerySet, search_term: str
     ) -> tuple[TaskQuerySet, bool]:
-        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
         term = search_term.strip()
         if _TASK_ID_RE.fullmatch(term):
-            results |= queryset.filter(pk=int(term))
-        return results, may_have_duplicates
+            # A number is a task id: one primary-key lookup. Keys are searched for any other
+            # term (a numeric key is found with the deduplication key filter of a URL:
+            # ?key=123).
+            return queryset.filter(pk=int(term)), False
+        return super().get_search_results(request, queryset, term)
 
     # -- detail page ---------------------------------------------------------------------
 
@@ -460,7 +595,8 @@ class TaskAdmin(admin.ModelAdmin):
         # Never obj.save() (see the module docstring): the priority is the only thing this
         # page changes, through the guarded update that leaves a claimed task alone.
         if "priority" in form.changed_data:
-            refused = not self.model.objects.filter(pk=obj.pk).set_priority(obj.priority)
+            tasks = self.model.objects.using(selected_database(request)).filter(pk=obj.pk)
+            refused = not tasks.set_priority(obj.priority)
         else:
             # The page offered a priority field but the task had left the waiting states by
             # the time the form came back, so the form no longer includes it.
@@ -501,7 +637,7 @@ class TaskAdmin(admin.ModelAdmin):
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         # Guarded like every other change: a task retried since the page was shown stays.
-        self.model.objects.filter(pk=obj.pk).finished().delete()
+        self.model.objects.using(selected_database(request)).filter(pk=obj.pk).finished().delete()
 
     def delete_queryset(self, request: HttpRequest, queryset: TaskQuerySet) -> None:
         # No stock action reaches this (see has_delete_permission); guarded all the same for
@@ -520,15 +656,15 @@ class TaskAdmin(admin.ModelAdmin):
                 explanation=_(
                     "Failed, cancelled and waiting tasks become due at once; a task whose "
                     "attempts are used up gets one more. Running and successful tasks are "
-                    "skipped."
+                    "skipped, and so is a finished task whose deduplication key another "
+                    "waiting or running task holds now."
                 ),
             )
-        selected = queryset.count()
+        before = status_counts(queryset)
         changed = queryset.retry_now()
         self.report_bulk_change(
-            request,
-            _("Retry now: %(changed)d changed, %(skipped)d skipped (running or successful)."),
-            selected, changed,
+            request, _("Retry now"), before, changed,
+            {Status.RUNNING: _("running"), Status.SUCCESSFUL: _("successful")},
         )
         return None
 
@@ -541,17 +677,25 @@ class TaskAdmin(admin.ModelAdmin):
                 request, queryset, "cancel_selected", title=_("Cancel tasks"),
                 explanation=_(
                     "Tasks that have not started (ready or awaiting retry) are cancelled and "
-                    "will not run. Running and finished tasks are skipped."
+                    "will not run. Running tasks are asked to stop: their handler sees the "
+                    "request and the task ends cancelled when it stops (a handler that "
+                    "finishes its work anyway ends successful). Finished tasks are skipped."
                 ),
             )
-        selected = queryset.count()
-        changed = queryset.cancel()
-        self.report_bulk_change(
-            request,
-            _("Cancel: %(changed)d changed, %(skipped)d skipped (running or already "
-              "finished)."),
-            selected, changed,
+        before = status_counts(queryset)
+        outcome = queryset.cancel()
+        message, level = bulk_change_message(
+            _("Cancel"), before, outcome.cancelled + outcome.stopping,
+            {status: _("already finished") for status in FINISHED},
+            leftover=_("changed meanwhile"),
         )
+        if outcome.stopping:
+            message += " " + ngettext(
+                "%(count)d running task was asked to stop.",
+                "%(count)d running tasks were asked to stop.",
+                outcome.stopping,
+            ) % {"count": outcome.stopping}
+        self.message_user(request, message, level)
         return None
 
     @admin.action(description=_("Change priority of selected tasks"), permissions=["change"])
@@ -570,13 +714,12 @@ class TaskAdmin(admin.ModelAdmin):
                 form=form,
             )
         priority = form.cleaned_data["priority"]
-        selected = queryset.count()
+        before = status_counts(queryset)
         changed = queryset.set_priority(priority)
         self.report_bulk_change(
-            request,
-            _("Priority %(priority)d: %(changed)d changed, %(skipped)d skipped (running or "
-              "already finished)."),
-            selected, changed, priority=priority,
+            request, _("Priority %(priority)d") % {"priority": priority}, before, changed,
+            {Status.RUNNING: _("running"),
+             **{status: _("already finished") for status in FINISHED}},
         )
         return None
 
@@ -607,6 +750,8 @@ class TaskAdmin(admin.ModelAdmin):
             "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "select_across": "1" if select_across else "0",
             "selected_count": queryset.count(),
+            "by_status": _status_labels(status_counts(queryset)),
+            "task_database": selected_database(request),
             "form": form,
             "media": media,
             # Django 6.0 renders breadcrumbs as a list; earlier versions as a div.
@@ -616,15 +761,116 @@ class TaskAdmin(admin.ModelAdmin):
         return TemplateResponse(request, self.action_confirmation_template, context)
 
     def report_bulk_change(
-        self, request: HttpRequest, message: str, selected: int, changed: int, **params: Any
+        self, request: HttpRequest, verb: str, before: Counter[str], changed: int,
+        reasons: dict[str, str],
     ) -> None:
-        """Say how many selected tasks changed and how many the guarded update skipped."""
-        skipped = max(selected - changed, 0)
-        self.message_user(
-            request,
-            message % {"changed": changed, "skipped": skipped, **params},
-            messages.SUCCESS if not skipped else messages.WARNING,
-        )
+        """Say how many selected tasks changed, how many were skipped, and why.
+
+        ``before`` counts the selection per status just before the guarded update;
+        ``reasons`` names the statuses the update never changes. Skipped tasks beyond those
+        were changed by someone else meanwhile (a worker claimed them, say) or, for a retry,
+        have a deduplication key that another live task holds.
+        """
+        message, level = bulk_change_message(verb, before, changed, reasons)
+        self.message_user(request, message, level)
+
+    # -- dashboard -----------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        return [
+            path("dashboard/", wrap(self.dashboard_view), name="{}_{}_dashboard".format(*info)),
+            path("requeue-error-group/", wrap(self.requeue_group_view),
+                 name="{}_{}_requeue_group".format(*info)),
+            *super().get_urls(),
+        ]
+
+    def dashboard_view(self, request: HttpRequest) -> TemplateResponse:
+        """Queues, counts, failures by error, stuck tasks, workers and a 24-hour chart, one
+        section per database that holds queues (or the one named by ``?database=``)."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        hours = _hours_param(request)
+        if request.GET.get(DATABASE_PARAM):
+            aliases = [selected_database(request)]
+        else:
+            aliases = routing.queue_databases()
+        sections = [DashboardSection(self, request, dashboard.database_snapshot(alias, hours))
+                    for alias in aliases]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Task queue dashboard"),
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "sections": sections,
+            "several_databases": len(routing.queue_databases()) > 1,
+            "hours": hours,
+            "hour_choices": [1, 6, 24],
+            "changelist_url": self.url("changelist"),
+            "breadcrumbs_as_list": django.VERSION >= (6, 0),
+            "colors": dashboard.COLORS,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.dashboard_template, context)
+
+    def requeue_group_view(self, request: HttpRequest) -> HttpResponse:
+        """Retry now every failed task of one error group, after a confirmation page."""
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        data = request.POST if request.method == "POST" else request.GET
+        group = data.get("group", "")
+        if len(group) > ERROR_GROUP_LENGTH or "\x00" in group:
+            raise Http404("No such error group.")
+        database = selected_database(request)
+        since = _since_param(data.get("since", ""))
+        tasks = dashboard.failed_in_group(database, group, since)
+        dashboard_url = _with_database(self.url("dashboard"), database)
+        if request.method == "POST" and _confirmed(request):
+            before = status_counts(tasks)
+            changed = tasks.retry_now()
+            message, level = bulk_change_message(
+                _("Requeue error group"), before, changed, {},
+                leftover=_("deduplication key held by another live task, or changed "
+                           "meanwhile"),
+            )
+            self.message_user(request, message, level)
+            return HttpResponseRedirect(dashboard_url)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Requeue failed tasks of an error group"),
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "group": group,
+            "since": since,
+            "all_time_url": f"{self.url('requeue_group')}?"
+                            f"{urlencode(self._requeue_params(group, database))}",
+            "count": tasks.count(),
+            "task_database": database,
+            "several_databases": len(routing.queue_databases()) > 1,
+            "list_url": self._group_list_url(group, database, since),
+            "dashboard_url": dashboard_url,
+            "breadcrumbs_as_list": django.VERSION >= (6, 0),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.requeue_group_template, context)
+
+    def _requeue_params(self, group: str, database: str,
+                        since: datetime | None = None) -> dict[str, str]:
+        params = {"group": group}
+        if since is not None:
+            params["since"] = since.isoformat()
+        if database != pgtasks_settings.DATABASE:
+            params[DATABASE_PARAM] = database
+        return params
+
+    def _group_list_url(self, group: str, database: str, since: datetime | None = None) -> str:
+        params = {STATUS_PARAM: Status.FAILED, ErrorGroupFilter.parameter_name: group}
+        if since is not None:
+            params["finished_at__gte"] = since.isoformat()
+        if database != pgtasks_settings.DATABASE:
+            params[DATABASE_PARAM] = database
+        return f"{self.url('changelist')}?{urlencode(params)}"
 
 
 def _pretty_json(value: Any) -> SafeString:
@@ -728,3 +974,7 @@ class ScheduleAdmin(admin.ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
+
+
+# Queue pause/resume and rate-limit controls register their own admin.
+from . import admin_controls  # noqa: E402, F401

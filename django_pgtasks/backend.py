@@ -23,7 +23,9 @@ How Django's values map onto the native ones:
   and both defaults (0 and 100) meet;
 - status: READY and AWAITING_RETRY → READY, RUNNING → RUNNING, SUCCESSFUL → SUCCESSFUL,
   FAILED and CANCELLED → FAILED;
-- result id: the row's primary key as a decimal string.
+- result id: the row's primary key as a decimal string; for a row on another database than
+  ``PGTASKS["DATABASE"]`` (a queue with a ``"database"`` option), ``<pk>@<alias>``, since
+  primary keys repeat across databases.
 
 This module is imported with the first ``tasks.py`` that uses it, before the app registry is
 ready: it imports models lazily and reads no setting at import time.
@@ -32,6 +34,7 @@ ready: it imports models lazily and reads no setting at import time.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -72,6 +75,7 @@ from .payload import normalize_payload, normalize_value
 from .registry import MAX_NAME_LENGTH, TaskHandler
 from .retry import POLICIES
 from .retry import resolve as resolve_policy
+from .routing import database_for_queue
 from .signals import task_enqueued as native_task_enqueued
 from .validation import MAX_ATTEMPTS_LIMIT
 
@@ -173,7 +177,7 @@ class PgTasksBackend(BaseTaskBackend):
         """Insert one row (in the caller's transaction, if any) and return its result."""
         self.validate_task(task)
         row = self._build_row(task, args, kwargs)
-        row.save(force_insert=True, using=pgtasks_settings.DATABASE)
+        row.save(force_insert=True, using=database_for_queue(row.queue))
         result = result_from_row(row, task, self.alias)
         native_task_enqueued.send(sender=type(row), task=row)
         task_enqueued.send(sender=type(self), task_result=result)
@@ -185,7 +189,7 @@ class PgTasksBackend(BaseTaskBackend):
         """Like :meth:`enqueue`; only the INSERT leaves the event loop (``Model.asave``)."""
         self.validate_task(task)
         row = self._build_row(task, args, kwargs)
-        await row.asave(force_insert=True, using=pgtasks_settings.DATABASE)
+        await row.asave(force_insert=True, using=database_for_queue(row.queue))
         result = result_from_row(row, task, self.alias)
         await native_task_enqueued.asend(sender=type(row), task=row)
         await task_enqueued.asend(sender=type(self), task_result=result)
@@ -231,21 +235,41 @@ class PgTasksBackend(BaseTaskBackend):
         """The result stored under ``result_id``; ``TaskResultDoesNotExist`` if there is none."""
         from .models import Task as TaskRow
 
-        pk = parse_result_id(result_id)
+        pk, database = parse_result_location(result_id)
         row = None
         if pk is not None:
-            row = TaskRow.objects.using(pgtasks_settings.DATABASE).filter(pk=pk).first()
+            row = TaskRow.objects.using(database).filter(pk=pk).first()
         return self._result_or_error(result_id, row)
 
     async def aget_result(self, result_id: str) -> TaskResult:
         """See :meth:`get_result`."""
         from .models import Task as TaskRow
 
-        pk = parse_result_id(result_id)
+        pk, database = parse_result_location(result_id)
         row = None
         if pk is not None:
-            row = await TaskRow.objects.using(pgtasks_settings.DATABASE).filter(pk=pk).afirst()
+            row = await TaskRow.objects.using(database).filter(pk=pk).afirst()
         return self._result_or_error(result_id, row)
+
+    def wait_result(
+        self, result_id: str, timeout: float | None = None, *, poll_interval: float = 5.0
+    ) -> TaskResult:
+        """Block until the result is finished and return it (see :meth:`get_result`).
+
+        Wakes on the completion's ``NOTIFY`` (see :mod:`django_pgtasks.waiting`); raises
+        :class:`~django_pgtasks.exceptions.TaskWaitTimeout` (a ``TimeoutError``) after
+        ``timeout`` seconds and ``TaskResultDoesNotExist`` for an unknown id.
+        ``django_pgtasks.waiting.wait_for_result(result)`` waits and refreshes a result.
+        """
+        from .models import Task as TaskRow
+        from .waiting import wait_for_task
+
+        pk = parse_result_id(result_id)
+        self.get_result(result_id)  # TaskResultDoesNotExist unless it is one of ours
+        with contextlib.suppress(TaskRow.DoesNotExist):  # purged meanwhile: get_result() says
+            wait_for_task(pk, timeout, using=pgtasks_settings.DATABASE,
+                          poll_interval=poll_interval)
+        return self.get_result(result_id)
 
     def _result_or_error(self, result_id: str, row: TaskRow | None) -> TaskResult:
         if row is None or backend_alias(row) != self.alias:
@@ -568,6 +592,28 @@ def parse_result_id(result_id: Any) -> int | None:
     return pk if str(pk) == result_id and 0 < pk < 2**63 else None
 
 
+def parse_result_location(result_id: Any) -> tuple[int | None, str]:
+    """The primary key and the database alias a result id stands for (see the module doc).
+
+    The key is ``None`` if the id cannot be one, or names a database that holds no queue.
+    """
+    from .routing import queue_databases
+
+    primary = pgtasks_settings.DATABASE
+    if isinstance(result_id, str) and "@" in result_id:
+        result_id, database = result_id.split("@", 1)
+        if database == primary or database not in queue_databases():
+            return None, primary
+        return parse_result_id(result_id), database
+    return parse_result_id(result_id), primary
+
+
+def result_id_for(row: TaskRow) -> str:
+    """The result id of a saved row: its key, with ``@<alias>`` off the primary database."""
+    database = row._state.db or pgtasks_settings.DATABASE
+    return str(row.pk) if database == pgtasks_settings.DATABASE else f"{row.pk}@{database}"
+
+
 def check_jsonb_numbers(value: Any, path: str) -> None:
     """Refuse floats that PostgreSQL's ``jsonb`` would give back as integers.
 
@@ -592,7 +638,7 @@ def result_from_row(row: TaskRow, task: Task, alias: str) -> TaskResult:
     """The ``TaskResult`` a row stands for (database times; see the module docstring)."""
     result = TaskResult(
         task=task,
-        id=str(row.pk),
+        id=result_id_for(row),
         status=_STATUS[row.status],
         enqueued_at=row.created_at,
         # The row keeps the start of its latest attempt only.

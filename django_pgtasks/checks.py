@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from .conf import DEFAULTS, pgtasks_settings
 from .retry import POLICIES
@@ -35,6 +35,86 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     return []
 
 
+def _queue_options() -> dict[str, Any]:
+    """``{queue: options}`` of a dict ``PGTASKS["QUEUES"]`` (empty for a list or junk)."""
+    queues = pgtasks_settings.QUEUES
+    return queues if isinstance(queues, dict) else {}
+
+
+@register(Tags.compatibility)
+def check_queue_databases(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """Every database a queue is routed to (``"database"`` option) is a PostgreSQL alias."""
+    errors: list[Error] = []
+    reported: set[str] = set()
+    for queue, options in _queue_options().items():
+        if not isinstance(options, dict) or "database" not in options:
+            continue
+        alias = options["database"]
+        if not isinstance(alias, str) or not alias:
+            errors.append(_error(
+                f"Queue {queue!r} has the 'database' option {alias!r}; it must be a database "
+                f"alias (a string).", "E042",
+            ))
+        elif alias not in settings.DATABASES:
+            errors.append(_error(
+                f"Queue {queue!r} is on database {alias!r}, which is not an alias in "
+                f"DATABASES.", "E040", hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+            ))
+        elif connections[alias].vendor != "postgresql" and alias not in reported:
+            reported.add(alias)
+            errors.append(_error(
+                f"Queue {queue!r} is on database {alias!r}, which uses the "
+                f"{connections[alias].vendor!r} backend; django-pgtasks needs PostgreSQL.",
+                "E041",
+            ))
+    return errors
+
+
+@register(Tags.database)
+def check_queue_tables(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Warning]:
+    """Each queue database checked (``manage.py check --database ALIAS``) has the task table.
+
+    Like Django's own database checks, only the aliases in ``databases`` are queried.
+    """
+    queues = pgtasks_settings.QUEUES
+    if (not databases or not queues or not isinstance(queues, list | tuple | dict)
+            or check_database() or check_queue_databases()):
+        return []
+    from .routing import queue_databases
+
+    warnings: list[Warning] = []
+    for alias in queue_databases():
+        if alias not in databases:
+            continue
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT to_regclass('pgtasks_task') IS NOT NULL")
+                present = cursor.fetchone()[0]
+        except DatabaseError as exc:
+            warnings.append(Warning(
+                f"The queue database {alias!r} could not be reached to check for the task "
+                f"table: {exc}".strip(), obj="PGTASKS", id="django_pgtasks.W041",
+            ))
+            continue
+        if not present:
+            warnings.append(Warning(
+                f"The queue database {alias!r} has no task table (pgtasks_task): tasks of "
+                f"its queues ({', '.join(_queues_on(alias)) or 'none'}) cannot be enqueued or "
+                f"run.", obj="PGTASKS", id="django_pgtasks.W040",
+                hint=f"Run: python manage.py migrate --database {alias} (which shows this "
+                     f"warning once, before it creates the table).",
+            ))
+    return warnings
+
+
+def _queues_on(alias: str) -> list[str]:
+    from .routing import queues_on
+
+    return queues_on(alias)
+
+
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
     errors: list[Error | Warning] = []
@@ -48,6 +128,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     if not isinstance(queues, list | tuple | dict) or not queues:
         errors.append(_error("PGTASKS['QUEUES'] must be a non-empty list or dict.", "E004"))
         return errors
+    for name, options in _queue_options().items():
+        if options is not None and not isinstance(options, dict):
+            errors.append(_error(
+                f"PGTASKS['QUEUES'][{name!r}] must be a dict of options (e.g. "
+                f"{{'database': 'queue_a'}}), not {options!r}.", "E014",
+            ))
     for name in pgtasks_settings.queue_names:
         if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
             errors.append(_error(
@@ -80,7 +166,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     non_negative = ("BACKOFF_BASE", "BACKOFF_MAX", "BACKOFF_JITTER", "TASK_PAUSE",
                     "SHUTDOWN_GRACE", "RESCUE_GRACE", "COMPLETION_WINDOW")
     positive = ("POLL_INTERVAL", "ERROR_PAUSE", "ERROR_PAUSE_MAX", "HEARTBEAT_INTERVAL",
-                "WORKER_TIMEOUT", "RESCUE_INTERVAL")
+                "WORKER_TIMEOUT", "RESCUE_INTERVAL", "CONTROLS_REFRESH")
     for key in non_negative + positive:
         value = getattr(pgtasks_settings, key)
         if (not isinstance(value, int | float) or isinstance(value, bool) or value < 0

@@ -17,7 +17,10 @@ from django.core.signals import setting_changed
 DEFAULTS: dict[str, Any] = {
     # Database alias that holds the task table.
     "DATABASE": "default",
-    # Queues that tasks may be enqueued to. A list of names, or a dict name -> options.
+    # Queues that tasks may be enqueued to. A list of names, or a dict name -> options. The
+    # option "database" puts a queue on another database alias (its own PostgreSQL server):
+    # {"default": {}, "emails": {"database": "queue_a"}}. Enqueue, workers, rescue, purge,
+    # the admin and pgtasks_stats follow it; see django_pgtasks.routing and docs/scaling.md.
     "QUEUES": ["default"],
     # Queue used when neither the handler nor the enqueue call names one.
     "DEFAULT_QUEUE": "default",
@@ -54,6 +57,10 @@ DEFAULTS: dict[str, Any] = {
     # Wake idle workers through LISTEN/NOTIFY. Turn off behind PgBouncer in transaction mode
     # (and lower POLL_INTERVAL, which then decides the latency).
     "LISTEN": True,
+    # Seconds a process keeps its decision between the plain claim and the one that enforces
+    # concurrency keys and rate limits (docs/howto/concurrency-limits.md). New keyed tasks or
+    # a new rate limit are picked up within this time; pauses apply at once regardless.
+    "CONTROLS_REFRESH": 1.0,
     # Seconds paused between two tasks in one worker thread (0 = none).
     "TASK_PAUSE": 0.0,
     # Seconds paused after a database error; doubles on each further error up to ERROR_PAUSE_MAX.

@@ -8,6 +8,11 @@ instead of at its next poll, and sleeps until the earliest delayed task it heard
 polling for it. The worker still polls every ``POLL_INTERVAL`` seconds as a safety net:
 notifications are lost while nobody listens, and not all poolers pass them through.
 
+The listener of a worker also LISTENs on ``pgtasks_cancel``: a trigger (migration 0007)
+notifies it with ``"<task id> <worker id>"`` when a running task is asked to stop, and the
+listener hands the ids meant for its worker to ``on_cancel``. A lost notification delays the
+stop until the worker's next heartbeat, which looks for such requests too.
+
 ``PGTASKS["LISTEN"] = False`` turns this off (PgBouncer in transaction mode cannot LISTEN).
 """
 
@@ -17,7 +22,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import psycopg
 from django.db import connections
@@ -25,15 +30,37 @@ from django.db import connections
 logger = logging.getLogger("django_pgtasks.listener")
 
 CHANNEL = "pgtasks"
+#: Requests to stop running tasks: ``"<task id> <worker id>"``.
+CANCEL_CHANNEL = "pgtasks_cancel"
 #: Delayed tasks a listener keeps track of; beyond that the poll finds them.
 MAX_REMEMBERED = 10_000
+
+
+def open_connection(using: str) -> psycopg.Connection:
+    """A new autocommit psycopg connection to database ``using``, outside Django's pool (a
+    LISTEN needs a session of its own)."""
+    params = connections[using].get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("prepare_threshold", None)
+    return psycopg.connect(**params, autocommit=True)
 
 
 class Listener:
     """Listens for notifications about ``queues`` and sets ``wakeup`` when one matters."""
 
-    def __init__(self, using: str, queues: Iterable[str], wakeup: threading.Event) -> None:
+    def __init__(
+        self,
+        using: str,
+        queues: Iterable[str],
+        wakeup: threading.Event,
+        *,
+        worker_id: str | None = None,
+        on_cancel: Callable[[int], None] | None = None,
+    ) -> None:
         self.using = using
+        self.worker_id = worker_id
+        self.on_cancel = on_cancel
         self.queues = set(queues)
         self.wakeup = wakeup
         self._stopped = threading.Event()
@@ -64,6 +91,19 @@ class Listener:
             while self._due and self._due[0] <= now:
                 heapq.heappop(self._due)
 
+    def _handle_cancel(self, payload: str) -> None:
+        task_id, _, worker_id = payload.partition(" ")
+        if self.on_cancel is None or worker_id != self.worker_id:
+            return
+        try:
+            pk = int(task_id)
+        except ValueError:
+            return
+        try:
+            self.on_cancel(pk)
+        except Exception:
+            logger.exception("Error while stopping cancelled task id=%s.", pk)
+
     def _handle(self, payload: str) -> None:
         queue, _, delay = payload.partition("@")
         if queue not in self.queues:
@@ -82,12 +122,10 @@ class Listener:
         self.wakeup.set()  # let the worker shorten its sleep to the new deadline
 
     def _connect(self) -> psycopg.Connection:
-        params = connections[self.using].get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        params.pop("prepare_threshold", None)
-        conn = psycopg.connect(**params, autocommit=True)
-        conn.execute(f"LISTEN {CHANNEL}")
+        conn = open_connection(self.using)
+        if self.on_cancel is not None:
+            conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+        conn.execute(f"LISTEN {CHANNEL}")  # last: what pg_stat_activity shows for the session
         return conn
 
     def _run(self) -> None:
@@ -108,7 +146,10 @@ class Listener:
                 with conn:
                     while not self._stopped.is_set():
                         for notification in conn.notifies(timeout=0.5):
-                            self._handle(notification.payload)
+                            if notification.channel == CANCEL_CHANNEL:
+                                self._handle_cancel(notification.payload)
+                            else:
+                                self._handle(notification.payload)
             except psycopg.Error as exc:
                 self.connected.clear()
                 if not self._stopped.is_set():

@@ -5,6 +5,10 @@ register theirs the same way. Each job decides how often it runs (read from sett
 turn, so tests can change them) and takes care of its own mutual exclusion across workers,
 typically with ``pg_try_advisory_xact_lock(LOCK_NAMESPACE, <job key>)`` so that one worker at
 a time does the work and the others skip that turn.
+
+A worker runs every job against its own database (``run(alias)``): with queues on several
+databases (:mod:`django_pgtasks.routing`), each database is rescued, purged and scheduled by
+its own workers.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from .conf import pgtasks_settings
 from .exceptions import InvalidTaskError
 from .payload import normalize_payload, serialize_payload
 from .registry import TaskHandler, get_handler
+from .routing import database_for_queue, queues_on
 from .signals import task_enqueued
 from .validation import (
     PRIORITY_MAX,
@@ -64,6 +65,25 @@ FINISHED = (Status.SUCCESSFUL, Status.FAILED, Status.CANCELLED)
 #: after ``queue`` and exactly the claim's status predicate, so a claim reads the first rows
 #: of one index range however many finished rows or future tasks the table holds.
 CLAIM_ORDER = ("-priority", "run_after", "id")
+
+
+class CancelResult(int):
+    """What :meth:`TaskQuerySet.cancel` did: an ``int``, the number of tasks cancelled."""
+
+    cancelled: int
+    #: Running tasks whose worker was asked to stop them.
+    stopping: int
+    #: Selected tasks left alone: already finished (or gone meanwhile).
+    skipped: int
+
+    def __new__(cls, cancelled: int, stopping: int = 0, skipped: int = 0) -> CancelResult:
+        result = super().__new__(cls, cancelled)
+        result.cancelled, result.stopping, result.skipped = cancelled, stopping, max(skipped, 0)
+        return result
+
+    def __repr__(self) -> str:
+        return (f"CancelResult(cancelled={self.cancelled}, stopping={self.stopping}, "
+                f"skipped={self.skipped})")
 
 
 class TaskQuerySet(models.QuerySet):
@@ -113,7 +133,7 @@ class TaskQuerySet(models.QuerySet):
 
         return self.running().filter(abandoned_condition())
 
-    # -- operator actions: each one guarded UPDATE that never touches a RUNNING task --------
+    # -- operator actions: guarded UPDATEs; only cancel() touches a RUNNING task (flags it) ---
 
     def retry_now(self) -> int:
         """Make pending, failed or cancelled tasks due now; return how many changed.
@@ -132,13 +152,28 @@ class TaskQuerySet(models.QuerySet):
         ).update(
             status=Status.READY, run_after=Now(), updated_at=Now(),
             max_attempts=Greatest(F("max_attempts"), F("attempt") + 1),
+            cancel_requested=False,
         )
 
-    def cancel(self) -> int:
-        """Cancel tasks that have not started (ready or awaiting retry); return how many."""
-        return self.pending().update(
-            status=Status.CANCELLED, finished_at=Now(), updated_at=Now()
-        )
+    def cancel(self, *, running: bool = True) -> CancelResult:
+        """Cancel tasks; return how many were cancelled, asked to stop, and skipped.
+
+        Waiting tasks (ready or awaiting retry) end ``CANCELLED`` at once and never start.
+        Running tasks (unless ``running=False``) are asked to stop: ``cancel_requested`` is
+        set, which tells their worker at once (``NOTIFY``) or at its next heartbeat; the
+        handler sees it through ``TaskContext.should_stop()`` (an async handler is cancelled)
+        and the task ends ``CANCELLED`` if the handler stops by raising, or ``SUCCESSFUL`` if
+        it finishes its work anyway (see ``docs/howto/cancel-snooze-wait.md``). Finished tasks
+        are skipped. The result is an ``int`` (the number cancelled) with the attributes
+        ``cancelled``, ``stopping`` and ``skipped``.
+        """
+        with transaction.atomic(using=self.db):
+            selected = self.count()
+            cancelled = self.pending().update(
+                status=Status.CANCELLED, finished_at=Now(), updated_at=Now()
+            )
+            stopping = self.running().update(cancel_requested=True) if running else 0
+        return CancelResult(cancelled, stopping, selected - cancelled - stopping)
 
     def set_priority(self, priority: int) -> int:
         """Change the priority of waiting tasks (effective on the next claim); return how many."""
@@ -147,8 +182,17 @@ class TaskQuerySet(models.QuerySet):
 
 
 class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[misc]
-    def _db_alias(self, using: str | None) -> str:
-        return using or self._db or pgtasks_settings.DATABASE
+    def _db_alias(self, using: str | None, queue: str | None = None) -> str:
+        """The database to use: ``using``, else the manager's (``db_manager()``), else the
+        database of ``queue`` (:func:`~django_pgtasks.routing.database_for_queue`), else
+        ``PGTASKS["DATABASE"]``."""
+        if using or self._db:
+            return using or self._db
+        return database_for_queue(queue) if queue else pgtasks_settings.DATABASE
+
+    def _task_db(self, task: Task, using: str | None) -> str:
+        """The database that holds ``task``: ``using``, where it was read, or its queue's."""
+        return using or self._db or task._state.db or database_for_queue(task.queue)
 
     # -- enqueueing ----------------------------------------------------------------------
 
@@ -163,6 +207,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         max_attempts: int | None = None,
         key: str | None = None,
         stage: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
         **kwargs: Any,
     ) -> Task:
         """Return a validated, unsaved task; raise ``InvalidTaskError`` if anything is wrong.
@@ -177,9 +223,13 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         queue = validate_queue(queue or handler.queue or pgtasks_settings.DEFAULT_QUEUE)
         seconds = delay_seconds(run_after, delay)
         clean_args, clean_kwargs = normalize_payload(args, kwargs)
+        concurrency_key, concurrency_limit = resolve_concurrency(
+            handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs)
         task = self.model(
             key=key,
             stage=stage,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
             name=handler.name,
             queue=queue,
             args=clean_args,
@@ -207,13 +257,18 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         using: str | None = None,
         key: str | None = None,
         stage: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
         **kwargs: Any,
     ) -> Task:
         """Insert one task and return it.
 
         The INSERT runs on the caller's connection and inside the caller's transaction: if
         the caller rolls back, the task never existed, and no worker can see it before the
-        caller commits. ``name_or_handler`` is a ``@pgtask`` handler or its registered name;
+        caller commits. The connection is that of the queue's database
+        (:func:`~django_pgtasks.routing.database_for_queue`) unless ``using`` names one; a
+        queue on another database than the caller's data is not atomic with it
+        (docs/scaling.md). ``name_or_handler`` is a ``@pgtask`` handler or its registered name;
         ``args``/``kwargs`` must be plain JSON. ``run_after`` (aware datetime) or ``delay``
         (seconds or timedelta from the database's ``now()``) postpone the first attempt.
 
@@ -224,16 +279,23 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         arguments); if none is live, a new task is inserted. Concurrent enqueues of one key
         are serialized by a unique index (``INSERT … ON CONFLICT``), never check-then-insert.
         ``task.deduplicated`` tells whether an existing task absorbed the request.
+
+        With ``concurrency_key`` at most ``concurrency_limit`` (default 1) tasks of that key
+        run at once, across all workers; the claim enforces it (see
+        ``docs/howto/concurrency-limits.md``). ``@pgtask(concurrency_key=...,
+        concurrency_limit=...)`` sets defaults.
         """
         task = self.build(
             name_or_handler, *args, queue=queue, priority=priority, run_after=run_after,
-            delay=delay, max_attempts=max_attempts, key=key, stage=stage, **kwargs,
+            delay=delay, max_attempts=max_attempts, key=key, stage=stage,
+            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit, **kwargs,
         )
+        db = self._db_alias(using, task.queue)
         if key is None:
-            task.save(force_insert=True, using=self._db_alias(using))
+            task.save(force_insert=True, using=db)
             task.deduplicated = False
         else:
-            task = self._upsert_keyed(task, self._db_alias(using))
+            task = self._upsert_keyed(task, db)
         task_enqueued.send(sender=self.model, task=task)
         return task
 
@@ -242,7 +304,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         params = [task.name, task.queue, json.dumps(task.args), json.dumps(task.kwargs),
                   task.priority, task.max_attempts, run_after,
                   getattr(task, "_delay_seconds", None), json.dumps(task.metadata), task.key,
-                  task.stage]
+                  task.stage, task.concurrency_key, task.concurrency_limit]
         [row] = list(self.db_manager(db).raw(UPSERT_KEYED_SQL, params)) or [None]
         if row is None:
             raise InvalidTaskError(
@@ -266,6 +328,19 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         for task in tasks:
             if task.pk is not None or not isinstance(task, self.model):
                 raise TypeError("enqueue_many() takes unsaved tasks from Task.objects.build().")
+        # Without ``using``, each task goes to its queue's database: one INSERT per database
+        # (not atomic together, unless the caller's transactions make them so).
+        by_db: dict[str, list[Task]] = {}
+        for task in tasks:
+            by_db.setdefault(self._db_alias(using, task.queue), []).append(task)
+        for db, group in by_db.items():
+            self._insert_many(group, db)
+        if task_enqueued.has_listeners(self.model):
+            for task in tasks:
+                task_enqueued.send(sender=self.model, task=task)
+        return tasks
+
+    def _insert_many(self, tasks: list[Task], db: str) -> None:
         columns = {
             "name": [t.name for t in tasks],
             "queue": [t.queue for t in tasks],
@@ -279,19 +354,17 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             "metadata": [json.dumps(t.metadata) for t in tasks],
             "key": [t.key for t in tasks],
             "stage": [t.stage for t in tasks],
+            "concurrency_key": [t.concurrency_key for t in tasks],
+            "concurrency_limit": [t.concurrency_limit for t in tasks],
         }
-        with connections[self._db_alias(using)].cursor() as cursor:
+        with connections[db].cursor() as cursor:
             cursor.execute(ENQUEUE_MANY_SQL, list(columns.values()))
             rows = cursor.fetchall()
         for task, (pk, run_after, created_at) in zip(tasks, rows, strict=True):
             task.pk, task.run_after, task.created_at, task.updated_at = (
                 pk, run_after, created_at, created_at)
             task._state.adding = False
-            task._state.db = self._db_alias(using)
-        if task_enqueued.has_listeners(self.model):
-            for task in tasks:
-                task_enqueued.send(sender=self.model, task=task)
-        return tasks
+            task._state.db = db
 
     def enqueue_bulk(
         self,
@@ -302,6 +375,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         priority: int | None = None,
         max_attempts: int | None = None,
         using: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> list[int]:
         """Enqueue one task per item of ``calls`` through ``COPY``; return the new ids.
 
@@ -311,6 +386,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         is due at once. Every item is validated before anything is written; the rows are
         written in the caller's transaction, like :meth:`enqueue`, and notify workers the
         same way. No ``task_enqueued`` signal is sent (there is no task instance to send).
+        ``concurrency_key``/``concurrency_limit`` apply to every task (a handler's callable
+        ``concurrency_key`` default is called per item).
         """
         handler = (
             name_or_handler if isinstance(name_or_handler, TaskHandler)
@@ -332,21 +409,24 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                     f"or tuple) or keyword arguments (a dict), not {type(call).__name__} "
                     f"{call!r:.50}."
                 )
-            payloads.append(serialize_payload(args, kwargs)[2:])
+            clean_args, clean_kwargs, args_json, kwargs_json = serialize_payload(args, kwargs)
+            payloads.append((args_json, kwargs_json, *resolve_concurrency(
+                handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs)))
         if not payloads:
             return []
-        with connections[self._db_alias(using)].cursor() as cursor:
+        with connections[self._db_alias(using, queue)].cursor() as cursor:
             # Ids are taken from the table's identity sequence first, since COPY returns none.
             cursor.execute("SELECT nextval(pg_get_serial_sequence('pgtasks_task', 'id')) "
                            "FROM generate_series(1, %s)", [len(payloads)])
             ids = [row[0] for row in cursor.fetchall()]
             with cursor.copy(
                 "COPY pgtasks_task (id, name, queue, args, kwargs, priority, max_attempts, "
-                "status, attempt, error_text, metadata) FROM STDIN"
+                "status, attempt, error_text, metadata, concurrency_key, concurrency_limit) "
+                "FROM STDIN"
             ) as copy:
-                for pk, (args, kwargs) in zip(ids, payloads, strict=True):
+                for pk, (args, kwargs, ckey, climit) in zip(ids, payloads, strict=True):
                     copy.write_row((pk, handler.name, queue, args, kwargs, priority,
-                                    max_attempts, Status.READY, 0, "", "{}"))
+                                    max_attempts, Status.READY, 0, "", "{}", ckey, climit))
         return ids
 
     # -- claiming ------------------------------------------------------------------------
@@ -364,32 +444,27 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         (higher first), then oldest ``run_after``, then id; rows another worker is claiming
         at this moment are skipped rather than waited for, so no two workers ever take the
         same task. All of it is one short transaction; the tasks are returned in claim order.
+
+        Without ``using``, the claim runs on the database of ``queues`` (they must share one:
+        a claim is one transaction), or without ``queues`` on ``PGTASKS["DATABASE"]`` for the
+        queues it holds.
         """
         if not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive integer, not {limit!r}.")
-        queues = tuple(queues) if queues else tuple(pgtasks_settings.queue_names)
-        db = self._db_alias(using)
-        with transaction.atomic(using=db, savepoint=False):
-            # Compiling the candidate querysets costs more than running the statement, and
-            # the result only depends on (database, queues, limit): compile once, reuse.
-            key = (db, queues, limit)
-            statement = _claim_statements.get(key)
-            if statement is None:
-                candidates = [
-                    self.db_manager(db).claimable(queue)
-                    .select_for_update(skip_locked=True)
-                    .values_list("id", "priority", "run_after")[:limit]
-                    for queue in queues
-                ]
-                statement = claiming.claim_statement(
-                    connections[db], self.model._meta.db_table, candidates, limit
+        if queues:
+            queues = tuple(queues)
+            databases = {self._db_alias(using, queue) for queue in queues}
+            if len(databases) > 1:
+                raise ValueError(
+                    f"Queues {', '.join(queues)} are on different databases "
+                    f"({', '.join(sorted(databases))}); claim from one database at a time."
                 )
-                if len(_claim_statements) < CLAIM_STATEMENT_CACHE_SIZE:
-                    _claim_statements[key] = statement
-            sql, params = statement
-            tasks = list(self.db_manager(db).raw(sql, [*params, worker_id, worker_id]))
-        tasks.sort(key=lambda t: (-t.priority, t.run_after, t.pk))
-        return tasks
+            db = databases.pop()
+        else:
+            db = self._db_alias(using)
+            queues = tuple(queues_on(db)) or tuple(pgtasks_settings.queue_names)
+        # Plain or controlled (keys, rate limits, pauses): see django_pgtasks.claiming.
+        return claiming.claim(self, worker_id, queues, limit, db)
 
     # -- finishing (all guarded: the row must still be RUNNING under this worker's lease —
     #    its id and the claim's locked_at; anything else means the task was taken away) ----
@@ -438,7 +513,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         ids = [task.pk for task in tasks]
         results = [None if r is None else json.dumps(r) for _task, r in outcomes]
         workers = [task.locked_by for task in tasks]
-        with connections[self._db_alias(using)].cursor() as cursor:
+        with connections[self._task_db(tasks[0], using)].cursor() as cursor:
             cursor.execute(MARK_MANY_SUCCEEDED_SQL,
                            [ids, results, workers, [task.locked_at for task in tasks]])
             recorded = {row[0] for row in cursor.fetchall()}
@@ -458,7 +533,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         """
         if not tasks:
             return 0
-        with connections[self._db_alias(using)].cursor() as cursor:
+        with connections[self._task_db(tasks[0], using)].cursor() as cursor:
             cursor.execute(UNCLAIM_SQL, [[t.pk for t in tasks], [t.locked_by for t in tasks],
                                          [t.locked_at for t in tasks]])
             return cursor.rowcount
@@ -470,9 +545,52 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         """
         return self.mark_failed(task, reason, retry_delay=0.0, using=using)
 
+    def mark_cancelled(self, task: Task, error_text: str = "", using: str | None = None) -> bool:
+        """Record that a running task stopped because it was cancelled: it ends ``CANCELLED``
+        (never retried). ``False`` if the worker no longer held the task (nothing changed)."""
+        error_text = truncate_error(error_text)
+        history = {"errors": AppendError(error_text)} if error_text else {}
+        return self._finish(task, using, status=Status.CANCELLED, error_text=error_text,
+                            cancel_requested=False, **history)
+
+    def mark_snoozed(self, task: Task, seconds: float, using: str | None = None) -> bool:
+        """Put a running task back to wait ``seconds`` (database clock) without using up an
+        attempt: ``attempt`` goes back down, ``metadata["snoozes"]`` counts the snoozes.
+
+        A task whose cancellation was requested meanwhile ends ``CANCELLED`` instead; one whose
+        key was enqueued again while it ran is due at once, like any re-run. ``False`` if the
+        worker no longer held the task (nothing changed).
+        """
+        with connections[self._task_db(task, using)].cursor() as cursor:
+            cursor.execute(MARK_SNOOZED_SQL, [float(seconds), task.pk, task.locked_by,
+                                              task.locked_at])
+            return bool(cursor.rowcount)
+
+    def wait(
+        self,
+        task: Task | int,
+        timeout: float | None = None,
+        *,
+        using: str | None = None,
+        poll_interval: float = 5.0,
+    ) -> Task:
+        """Block until ``task`` (a task or its id) is finished and return it, read afresh.
+
+        Wakes on the ``NOTIFY`` its completion sends (only tasks someone waits for send one),
+        with a check every ``poll_interval`` seconds as a safety net. Raises
+        :class:`~django_pgtasks.exceptions.TaskWaitTimeout` (a ``TimeoutError``) after
+        ``timeout`` seconds (``None``: no limit) and ``Task.DoesNotExist`` for an unknown id.
+        See :mod:`django_pgtasks.waiting`.
+        """
+        from .waiting import wait_for_task
+
+        pk = task.pk if isinstance(task, Task) else task
+        db = self._task_db(task, using) if isinstance(task, Task) else self._db_alias(using)
+        return wait_for_task(pk, timeout, using=db, poll_interval=poll_interval)
+
     def _finish(self, task: Task, using: str | None, **changes: Any) -> bool:
         updated = (
-            self.db_manager(self._db_alias(using))
+            self.db_manager(self._task_db(task, using))
             # The lease: this worker's claim of this attempt (locked_at is set by each claim,
             # so a later claim of the same task, even by the same worker, does not match).
             .filter(pk=task.pk, locked_at=task.locked_at)
@@ -507,24 +625,24 @@ def _with_rerun(changes: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: Compiled claim statements by (database alias, queues, limit); see TaskManager.claim().
-_claim_statements: dict[tuple[str, tuple[str, ...], int], tuple[str, list[Any]]] = {}
-CLAIM_STATEMENT_CACHE_SIZE = 256
 
 
 # Inserts one task per element of the column arrays; run_after is the given time, else the
 # delay from the statement's database time, else that time itself (as for a single INSERT).
 ENQUEUE_MANY_SQL = """
     INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, max_attempts, run_after,
-                              metadata, key, stage, status, attempt, error_text)
+                              metadata, key, stage, concurrency_key, concurrency_limit, status,
+                              attempt, error_text)
     SELECT v.name, v.queue, v.args::jsonb, v.kwargs::jsonb, v.priority, v.max_attempts,
            COALESCE(v.run_after, statement_timestamp() + make_interval(secs => v.delay),
                     statement_timestamp()),
-           v.metadata::jsonb, v.key, v.stage, 'READY', 0, ''
+           v.metadata::jsonb, v.key, v.stage, v.concurrency_key, v.concurrency_limit, 'READY',
+           0, ''
     FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::int[],
-                %s::timestamptz[], %s::float8[], %s::text[], %s::text[], %s::text[])
+                %s::timestamptz[], %s::float8[], %s::text[], %s::text[], %s::text[], %s::text[],
+                %s::smallint[])
          AS v(name, queue, args, kwargs, priority, max_attempts, run_after, delay, metadata,
-              key, stage)
+              key, stage, concurrency_key, concurrency_limit)
     RETURNING id, run_after, created_at
 """
 
@@ -543,6 +661,26 @@ MARK_MANY_SUCCEEDED_SQL = """
     WHERE t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker
       AND t.locked_at = v.leased_at
     RETURNING t.id
+"""
+
+# Snoozes a running task (guarded by its lease): due again after the given seconds on the
+# database clock, its attempt given back (and the worker id recorded for it), the snooze
+# counted in metadata. A cancellation requested meanwhile wins; a key re-run is due at once.
+MARK_SNOOZED_SQL = """
+    UPDATE pgtasks_task t SET
+        status = CASE WHEN t.cancel_requested AND NOT t.rerun_requested THEN 'CANCELLED'
+                      ELSE 'READY' END,
+        attempt = CASE WHEN t.rerun_requested THEN 0 ELSE greatest(t.attempt - 1, 0) END,
+        run_after = CASE WHEN t.rerun_requested THEN now()
+                         ELSE now() + make_interval(secs => %s) END,
+        worker_ids = t.worker_ids - (jsonb_array_length(t.worker_ids) - 1),
+        metadata = CASE WHEN jsonb_typeof(t.metadata) = 'object'
+                        THEN t.metadata || jsonb_build_object(
+                            'snoozes', coalesce((t.metadata ->> 'snoozes')::int, 0) + 1)
+                        ELSE t.metadata END,
+        cancel_requested = t.cancel_requested AND NOT t.rerun_requested,
+        rerun_requested = false, finished_at = now(), locked_at = NULL, updated_at = now()
+    WHERE t.id = %s AND t.status = 'RUNNING' AND t.locked_by = %s AND t.locked_at = %s
 """
 
 # Undoes claims of tasks that never started: the attempt and its worker id are taken back.
@@ -564,11 +702,12 @@ UNCLAIM_SQL = """
 # and nothing is returned.
 UPSERT_KEYED_SQL = """
     INSERT INTO pgtasks_task AS t (name, queue, args, kwargs, priority, max_attempts, run_after,
-                                   metadata, key, stage, status, attempt, error_text)
+                                   metadata, key, stage, concurrency_key, concurrency_limit,
+                                   status, attempt, error_text)
     VALUES (%s, %s, %s::jsonb, %s::jsonb, %s, %s,
             COALESCE(%s::timestamptz, statement_timestamp() + make_interval(secs => %s),
                      statement_timestamp()),
-            %s::jsonb, %s, %s, 'READY', 0, '')
+            %s::jsonb, %s, %s, %s, %s::smallint, 'READY', 0, '')
     ON CONFLICT (key)
         WHERE key IS NOT NULL AND status IN ('READY', 'AWAITING_RETRY', 'RUNNING')
     DO UPDATE SET
@@ -702,10 +841,26 @@ class TaskFields(models.Model):
         _("deduplication key"), max_length=255, null=True, blank=True, default=None
     )
     stage = models.CharField(_("stage"), max_length=100, null=True, blank=True, default=None)
+    concurrency_key = models.CharField(
+        _("concurrency key"), max_length=255, null=True, blank=True, default=None,
+        help_text=_("Tasks sharing this key run at most concurrency_limit at a time."),
+    )
+    concurrency_limit = models.PositiveSmallIntegerField(
+        _("concurrency limit"), null=True, blank=True, default=None,
+        help_text=_("Most tasks of the concurrency key that may run at once (with the key)."),
+    )
     metadata = models.JSONField(_("metadata"), default=dict, blank=True)
     rerun_requested = models.BooleanField(
         _("re-run requested"), default=False, db_default=False,
         help_text=_("Enqueued again under its key while running: runs once more after."),
+    )
+    cancel_requested = models.BooleanField(
+        _("cancel requested"), default=False, db_default=False,
+        help_text=_("Cancelled while running: its worker was asked to stop it."),
+    )
+    awaited = models.BooleanField(
+        _("awaited"), default=False, db_default=False,
+        help_text=_("Someone waits for this task to finish: its end is announced by NOTIFY."),
     )
     created_at = models.DateTimeField(_("created"), db_default=Now())
     updated_at = models.DateTimeField(_("updated"), db_default=Now())
@@ -740,6 +895,18 @@ class Task(TaskFields):
                 condition=Q(status__in=FINISHED),
                 name="pgtasks_task_finished_idx",
             ),
+            # Per-key concurrency (django_pgtasks.claiming): the running tasks of a key, and
+            # which queues hold waiting keyed tasks. Both are empty unless keys are used.
+            models.Index(
+                fields=["concurrency_key"],
+                condition=Q(status=Status.RUNNING, concurrency_key__isnull=False),
+                name="pgtasks_task_key_running_idx",
+            ),
+            models.Index(
+                fields=["queue", "concurrency_key"],
+                condition=Q(status__in=PENDING, concurrency_key__isnull=False),
+                name="pgtasks_task_key_pending_idx",
+            ),
         ]
         constraints = [
             # At most one live (waiting or running) task per deduplication key; enqueue with
@@ -767,6 +934,16 @@ class Task(TaskFields):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED
+
+    def cancel(self) -> CancelResult:
+        """Cancel this task if it waits, or ask its worker to stop it if it runs; see
+        :meth:`TaskQuerySet.cancel`. The instance is not refreshed."""
+        return Task.objects.using(self._state.db).filter(pk=self.pk).cancel()
+
+    def wait(self, timeout: float | None = None, *, poll_interval: float = 5.0) -> Task:
+        """Block until this task is finished and return it read afresh; see
+        :meth:`TaskManager.wait`."""
+        return Task.objects.wait(self, timeout, poll_interval=poll_interval)
 
 
 class ArchivedTask(TaskFields):
@@ -811,3 +988,7 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+# The queue-control models live with their API; importing them here registers them.
+from .controls import KeyRateLimit, QueueControl, resolve_concurrency  # noqa: E402, F401

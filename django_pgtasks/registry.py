@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, NoReturn, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -27,6 +27,58 @@ if TYPE_CHECKING:
     from .scheduling import When
 
 MAX_NAME_LENGTH = 255
+
+
+class CancelSignal:
+    """Set when a running task is asked to stop (thread-safe); runs callbacks once set.
+
+    The worker keeps one per running task (:func:`cancel_signal`) and sets it when it learns
+    of the cancellation, through ``NOTIFY`` or its next heartbeat.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def set(self) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            with contextlib.suppress(Exception):
+                callback()
+
+    def add_callback(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when set (at once if set already); return a function that
+        removes it."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+
+                def remove() -> None:
+                    with self._lock, contextlib.suppress(ValueError):
+                        self._callbacks.remove(callback)
+
+                return remove
+        callback()
+        return lambda: None
+
+
+def cancel_signal(task: Task) -> CancelSignal:
+    """The cancellation signal of a claimed ``task`` (created on first use)."""
+    signal = task.__dict__.get("_cancel_signal")
+    if signal is None:
+        signal = task.__dict__.setdefault("_cancel_signal", CancelSignal())
+    return signal
 
 
 @dataclass(frozen=True)
@@ -44,6 +96,43 @@ class TaskContext:
     def attempt(self) -> int:
         """The number of the attempt now running, starting at 1."""
         return self.task.attempt
+
+    # -- cooperative cancellation ----------------------------------------------------------
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this task was cancelled while it runs (``Task.objects...cancel()``)."""
+        return cancel_signal(self.task).is_set()
+
+    def should_stop(self) -> bool:
+        """Whether the handler should stop now: its task was cancelled.
+
+        Check it between units of work and stop by raising (e.g. with
+        :meth:`raise_if_cancelled`): the task then ends ``CANCELLED``. A handler that returns
+        normally has done its work, and its task ends ``SUCCESSFUL``.
+        """
+        return self.cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~django_pgtasks.exceptions.TaskCancelled` if the task was cancelled."""
+        if self.cancelled:
+            from .exceptions import TaskCancelled
+
+            raise TaskCancelled(f"Task {self.task_id} was cancelled while it ran.")
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early if the task is cancelled; return
+        :meth:`should_stop`. For handlers that poll or back off between steps."""
+        return cancel_signal(self.task).wait(seconds)
+
+    # -- snooze ----------------------------------------------------------------------------
+
+    def snooze(self, seconds: float | timedelta) -> NoReturn:
+        """Stop this attempt and run the task again after ``seconds`` (database clock)
+        without using up an attempt: raises :class:`~django_pgtasks.exceptions.Snooze`."""
+        from .exceptions import Snooze
+
+        raise Snooze(seconds)
 
     def then(
         self, handler: TaskHandler | str, *args: Any, stage: str | None = None,
@@ -87,6 +176,10 @@ class TaskHandler:
     timeout: float | None = None
     #: When the scheduler enqueues runs of this handler (``@pgtask(schedule=...)``).
     schedule: When | None = None
+    #: Default concurrency key of its tasks: a string, or a callable that takes the task's
+    #: arguments and returns one (or ``None``); and the default limit for that key.
+    concurrency_key: str | Callable[..., str | None] | None = None
+    concurrency_limit: int | None = None
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -131,7 +224,11 @@ class TaskHandler:
         args = list(task.args)
         if self.takes_context:
             args.insert(0, TaskContext(task=task, worker_id=worker_id))
-        func = async_to_sync(_bounded(self.func, self.timeout)) if self.is_async else self.func
+        if self.is_async:
+            func = async_to_sync(_cancellable(_bounded(self.func, self.timeout),
+                                              cancel_signal(task)))
+        else:
+            func = self.func
         result = func(*args, **task.kwargs)
         try:
             return normalize_value(result, "The task's return value")
@@ -189,6 +286,29 @@ def _bounded(func: Callable[..., Any], timeout: float | None) -> Callable[..., A
     return bounded
 
 
+def _cancellable(func: Callable[..., Any], signal: CancelSignal) -> Callable[..., Any]:
+    """Wrap an async function so that its coroutine is cancelled when ``signal`` is set; the
+    cancellation surfaces as :class:`~django_pgtasks.exceptions.TaskCancelled`."""
+
+    async def cancellable(*args: Any, **kwargs: Any) -> Any:
+        from .exceptions import TaskCancelled
+
+        loop = asyncio.get_running_loop()
+        inner = asyncio.ensure_future(func(*args, **kwargs))
+        remove = signal.add_callback(lambda: loop.call_soon_threadsafe(inner.cancel))
+        try:
+            return await inner
+        except asyncio.CancelledError:
+            if not signal.is_set():
+                raise
+            raise TaskCancelled("The task was cancelled while it ran; its coroutine was "
+                                "cancelled.") from None
+        finally:
+            remove()
+
+    return cancellable
+
+
 _registry: dict[str, TaskHandler] = {}
 _resolvers: list[Callable[[str], TaskHandler | None]] = []
 _lock = threading.Lock()
@@ -236,6 +356,8 @@ def pgtask(
     context: bool = ...,
     timeout: float | None = ...,
     schedule: Any = ...,
+    concurrency_key: str | Callable[..., str | None] | None = ...,
+    concurrency_limit: int | None = ...,
 ) -> Callable[[Callable[..., Any]], TaskHandler]: ...
 
 
@@ -253,6 +375,8 @@ def pgtask(
     context: bool = False,
     timeout: float | None = None,
     schedule: Any = None,
+    concurrency_key: str | Callable[..., str | None] | None = None,
+    concurrency_limit: int | None = None,
 ) -> TaskHandler | Callable[[Callable[..., Any]], TaskHandler]:
     """Register a function as a task handler.
 
@@ -267,7 +391,10 @@ def pgtask(
     is failed and its slot freed (see ``docs/reliability.md``). ``schedule`` makes the
     workers enqueue a run periodically: a period (``every(minutes=5)``, a ``timedelta`` or
     seconds) or a cron expression (a string or ``cron(..., timezone=...)``); see
-    ``docs/howto/periodic.md``.
+    ``docs/howto/periodic.md``. ``concurrency_key`` (a string, or a callable that receives
+    the task's arguments and returns the key or ``None``) and ``concurrency_limit`` (default
+    1) are defaults for the enqueue options of the same names: at most that many tasks of one
+    key run at once; see ``docs/howto/concurrency-limits.md``.
     """
     from .validation import validate_options
 
@@ -279,6 +406,16 @@ def pgtask(
                                    f"{timeout!r}.")
     if backoff is not None:
         resolve(backoff)  # fail at import time on an unknown policy name
+    if concurrency_key is not None and not (isinstance(concurrency_key, str)
+                                            or callable(concurrency_key)):
+        raise ImproperlyConfigured(f"concurrency_key must be a string or a callable, not "
+                                   f"{concurrency_key!r}.")
+    if concurrency_limit is not None and (
+        isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int)
+        or not 1 <= concurrency_limit <= 32767
+    ):
+        raise ImproperlyConfigured(f"concurrency_limit must be an integer from 1 to 32767, "
+                                   f"not {concurrency_limit!r}.")
     if schedule is not None:
         from .scheduling import parse_when
 
@@ -297,6 +434,8 @@ def pgtask(
             takes_context=context,
             timeout=timeout,
             schedule=schedule,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
         return register(handler)
 

@@ -582,6 +582,10 @@ def run_scheduler(using: str | None = None) -> list[int]:
     declarations, problems = collect()
     for problem in problems:
         _report(problem.id, problem.message)
+    # A schedule's state lives in the database of its queue, with the runs it enqueues (one
+    # transaction); workers of the other databases leave it alone.
+    declarations = {name: declaration for name, declaration in declarations.items()
+                    if database_of(declaration) == alias}
     if not declarations:
         return []
     rows = _read_state(alias, declarations)
@@ -604,6 +608,20 @@ def run_scheduler(using: str | None = None) -> list[int]:
             _report(name, f"Schedule {name!r} could not enqueue its run: "
                           f"{type(exc).__name__}: {exc}")
     return created
+
+
+def database_of(declaration: Declaration) -> str:
+    """The database alias that holds the schedule's state and its runs (its queue's)."""
+    from .registry import get_handler
+    from .routing import database_for_queue
+
+    queue = declaration.queue
+    if queue is None:
+        try:
+            queue = get_handler(declaration.task).queue
+        except Exception:  # an unknown task is reported by the checks and at each pass
+            queue = None
+    return database_for_queue(queue or pgtasks_settings.DEFAULT_QUEUE)
 
 
 def _read_state(alias: str, declarations: Mapping[str, Declaration]) -> dict[str, _Row]:

@@ -6,6 +6,11 @@ restarts a child that dies, with a growing pause if children keep dying at start
 forwards SIGTERM/SIGINT: the first asks every child to finish its running tasks, the second
 makes them exit at once. Children sit in their own process group so a terminal's Ctrl-C
 reaches them only through the supervisor, once.
+
+When the queues to serve live on several databases (``PGTASKS["QUEUES"]`` with
+``"database"`` options, see :mod:`django_pgtasks.routing`), each database gets its own
+children: every child works against one database only, so a database that goes away stalls
+its own children (which wait and reconnect) and no other.
 """
 
 from __future__ import annotations
@@ -40,9 +45,23 @@ def _child_main(options: dict[str, Any], log_level: str) -> None:
 
 
 class Supervisor:
-    def __init__(self, processes: int, worker_options: dict[str, Any], log_level: str) -> None:
-        self.processes = processes
-        self.worker_options = worker_options
+    """Keeps ``processes`` children running for each set of worker options.
+
+    ``worker_options`` is one set of :class:`~django_pgtasks.worker.Worker` arguments, or a
+    list of them (one per database); each set gets ``processes`` children.
+    """
+
+    def __init__(
+        self,
+        processes: int,
+        worker_options: dict[str, Any] | list[dict[str, Any]],
+        log_level: str,
+    ) -> None:
+        groups = worker_options if isinstance(worker_options, list) else [worker_options]
+        #: The worker options of each slot (a child process and its replacements).
+        self.slots = [group for group in groups for _ in range(processes)]
+        self.processes = len(self.slots)
+        self.worker_options = groups[0]
         self.log_level = log_level
         self.context = multiprocessing.get_context("spawn")
         self.children: dict[int, tuple[multiprocessing.process.BaseProcess, float]] = {}
@@ -51,7 +70,7 @@ class Supervisor:
         self.signals_received = 0
 
     def _start(self, slot: int) -> None:
-        options = dict(self.worker_options, parent_pid=os.getpid())
+        options = dict(self.slots[slot], parent_pid=os.getpid())
         generation = self.generations[slot] = self.generations.get(slot, -1) + 1
         if options.get("worker_id"):
             # A replacement never reuses the id of the child it replaces, so the tasks that
@@ -63,7 +82,8 @@ class Supervisor:
         )
         process.start()
         self.children[slot] = (process, time.monotonic())
-        logger.info("Started worker process %d pid=%d", slot, process.pid)
+        logger.info("Started worker process %d pid=%d database=%s", slot, process.pid,
+                    options.get("using") or "default")
 
     def _signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals_received += 1

@@ -45,12 +45,14 @@ from .conf import pgtasks_settings
 from .exceptions import (
     LeaseLostError,
     PgTasksError,
+    Snooze,
+    TaskCancelled,
     UnknownTaskError,
 )
 from .listener import Listener
 from .liveness import Liveness
 from .models import Status, Task
-from .registry import TaskHandler, get_handler
+from .registry import TaskHandler, cancel_signal, get_handler
 from .signals import task_finished, task_started
 
 logger = logging.getLogger("django_pgtasks.worker")
@@ -59,6 +61,11 @@ logger = logging.getLogger("django_pgtasks.worker")
 COMPLETION_BATCH = 500
 #: Seconds past an async handler's own timeout before the pool gives up on its thread.
 ASYNC_CANCEL_MARGIN = 5.0
+#: Which of the given running tasks of a worker were asked to stop (heartbeat safety net).
+CANCEL_REQUESTS_SQL = (
+    "SELECT id FROM pgtasks_task WHERE id = ANY(%s) AND status = 'RUNNING' "
+    "AND locked_by = %s AND cancel_requested"
+)
 
 
 def default_worker_id() -> str:
@@ -130,7 +137,10 @@ class Worker:
             )
         listener = None
         if pgtasks_settings.LISTEN:
-            listener = self.listener = Listener(self.using, self.queues, self._wakeup)
+            listener = self.listener = Listener(
+                self.using, self.queues, self._wakeup, worker_id=self.worker_id,
+                on_cancel=self._stop_task,
+            )
             listener.start()
         try:
             look = True  # is there reason to claim? (start-up, a wake-up, a full last claim)
@@ -149,6 +159,11 @@ class Worker:
                 if tasks is None:  # database error: paused already, try again
                     continue
                 self._next_poll = time.monotonic() + self.poll_interval
+                # A rate limit (or a full concurrency key) held tasks back: look again as soon
+                # as it may allow more (django_pgtasks.claiming).
+                retry_in = getattr(tasks, "retry_in", None)
+                if retry_in is not None:
+                    self._next_poll = min(self._next_poll, time.monotonic() + retry_in)
                 for task in tasks:
                     pool.submit(task, self._time_limit(task))
                 look = len(tasks) == wanted  # a full claim: there may be more waiting
@@ -156,7 +171,7 @@ class Worker:
                     continue
                 # Idle only if nothing ran when the claim began: a task finishing during the
                 # claim may have just made itself due again (a retry), after its snapshot.
-                if not busy and self.burst:
+                if not busy and self.burst and retry_in is None:
                     break
                 if listener is not None:
                     listener.claimed_all_due()
@@ -208,6 +223,8 @@ class Worker:
         if now >= self._next_heartbeat:
             self.liveness.heartbeat()
             self._next_heartbeat = now + pgtasks_settings.HEARTBEAT_INTERVAL
+            if pool.busy:
+                self._look_for_cancellations(pool)
         for job in maintenance.jobs():
             if now < self._next_job.get(job.name, 0.0):
                 continue
@@ -226,6 +243,33 @@ class Worker:
         if self._check_orphans:
             self._give_back_orphans(pool)
         self._check_parent()
+
+    def _stop_task(self, pk: int) -> None:
+        """Ask the handler running task ``pk`` to stop (thread-safe; unknown ids ignored)."""
+        task = self._pool.get(pk) if self._pool is not None else None
+        if task is not None and not cancel_signal(task).is_set():
+            logger.info("Task id=%s name=%s was cancelled; asking its handler to stop.",
+                        task.pk, task.name)
+            cancel_signal(task).set()
+
+    def _look_for_cancellations(self, pool: ThreadPool) -> None:
+        """With each heartbeat: stop running tasks whose cancellation was requested (the
+        safety net for a lost or never-sent ``NOTIFY``). A primary-key lookup of the tasks
+        this worker runs, only while it runs some."""
+        ids = [pk for pk in pool.ids()
+               if (task := pool.get(pk)) is not None and not cancel_signal(task).is_set()]
+        if not ids:
+            return
+        try:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(CANCEL_REQUESTS_SQL, [ids, self.worker_id])
+                requested = [row[0] for row in cursor.fetchall()]
+        except (DatabaseError, InterfaceError) as exc:
+            logger.error("Could not look for cancelled tasks: %s", exc)
+            _close_connection(self.using)
+            return
+        for pk in requested:
+            self._stop_task(pk)
 
     def _give_back_orphans(self, pool: ThreadPool) -> None:
         """After a failed claim, give back tasks it may have claimed all the same.
@@ -310,6 +354,16 @@ class Worker:
             self._finished(task, started, exc)
             return
         task.followups = []  # next pipeline stages, filled by TaskContext.then()
+        if task.cancel_requested or cancel_signal(task).is_set():
+            # Cancelled after the claim (e.g. while prefetched), or rescued after its
+            # cancellation was requested: it never starts.
+            try:
+                self._record_cancel(task, TaskCancelled(
+                    f"Task {task.pk} was cancelled before attempt {task.attempt} started."))
+                self._finished(task, started, None)
+            finally:
+                self._after_task()
+            return
         try:
             task_started.send(sender=Task, task=task, worker_id=self.worker_id)
             handler.started(task, self.worker_id)
@@ -337,9 +391,9 @@ class Worker:
     def _run(self, task: Task, handler: TaskHandler, started: float) -> None:
         """At-least-once mode: the handler, then the completion (batched or on its own)."""
         try:
-            result = handler.call(task, self.worker_id)
+            result = self._call(handler, task)
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
-            self._record_failure(task, handler, exc)
+            self._record_exception(task, handler, exc)
             handler.finished(task, self.worker_id, exc)
             self._finished(task, started, exc)
             return
@@ -371,30 +425,58 @@ class Worker:
         with transaction.atomic(using=self.using):
             recorded = Task.objects.mark_succeeded(task, result, using=self.using)
             if recorded:
-                Task.objects.enqueue_many(task.followups, using=self.using)
+                _enqueue_followups(task.followups, self.using)
         return recorded
 
     def _run_atomic(self, task: Task, handler: TaskHandler, started: float) -> None:
         """Exactly-once mode: the handler's writes and the completion commit together."""
         try:
             with transaction.atomic(using=self.using):
-                result = handler.call(task, self.worker_id)
+                result = self._call(handler, task)
                 if not Task.objects.mark_succeeded(task, result, using=self.using):
                     raise LeaseLostError(f"Task {task.pk} is no longer held by this worker.")
                 if task.followups:
-                    Task.objects.enqueue_many(task.followups, using=self.using)
+                    _enqueue_followups(task.followups, self.using)
         except LeaseLostError as exc:
             handler.finished(task, self.worker_id, exc)
             self._finished(task, started, exc)
             return
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
-            self._record_failure(task, handler, exc)
+            self._record_exception(task, handler, exc)
             handler.finished(task, self.worker_id, exc)
             self._finished(task, started, exc)
             return
         task.status, task.result = Status.SUCCESSFUL, result
         handler.finished(task, self.worker_id, None)
         self._finished(task, started, None)
+
+    def _call(self, handler: TaskHandler, task: Task) -> Any:
+        """Run the handler for ``task`` (the hook the in-test runner wraps)."""
+        return handler.call(task, self.worker_id)
+
+    def _record_exception(self, task: Task, handler: TaskHandler, exc: BaseException) -> None:
+        """Record how a handler that raised ended: cancelled (its cancellation was requested,
+        or it raised ``TaskCancelled``), snoozed (``Snooze``), or failed."""
+        if cancel_signal(task).is_set() or isinstance(exc, TaskCancelled):
+            self._record_cancel(task, exc)
+        elif isinstance(exc, Snooze):
+            recorded = self._with_retries(
+                "recording snooze", task,
+                lambda: Task.objects.mark_snoozed(task, exc.seconds, using=self.using),
+            )
+            if recorded:
+                task.status, task.attempt = Status.READY, max(task.attempt - 1, 0)
+        else:
+            self._record_failure(task, handler, exc)
+
+    def _record_cancel(self, task: Task, exc: BaseException) -> None:
+        error = format_exception(exc)
+        recorded = self._with_retries(
+            "recording cancellation", task,
+            lambda: Task.objects.mark_cancelled(task, error, using=self.using),
+        )
+        if recorded:
+            task.status, task.error_text = Status.CANCELLED, error
 
     def _record_failure(
         self, task: Task, handler: TaskHandler | None, exc: BaseException
@@ -556,6 +638,12 @@ class ThreadPool:
         with self._lock:
             return sum(1 for t in self._abandoned if t.is_alive())
 
+    def get(self, pk: int) -> Task | None:
+        """The submitted (not finished or abandoned) task with id ``pk``, if any."""
+        with self._lock:
+            slot = self._running.get(pk)
+            return slot.task if slot is not None else None
+
     def running(self) -> list[Task]:
         with self._lock:
             return [slot.task for slot in self._running.values()]
@@ -650,6 +738,16 @@ def format_exception(exc: BaseException) -> str:
         return f"{header}\n\n{''.join(traceback.format_exception(exc))}"
     except Exception:
         return f"{type(exc).__module__}.{type(exc).__qualname__}: <unprintable exception>"
+
+
+def _enqueue_followups(tasks: list[Task], using: str) -> None:
+    """Insert a pipeline's next stages. Those on the finishing task's database commit with its
+    completion; a stage whose queue is on another database (``PGTASKS["QUEUES"]``) is
+    written there, in that database's own transaction."""
+    from .routing import queues_on
+
+    # A database that holds no configured queue gets every stage (tasks put there by hand).
+    Task.objects.enqueue_many(tasks, using=None if queues_on(using) else using)
 
 
 def _close_connection(alias: str) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
+
+from tests import second_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,6 +35,8 @@ def subprocess_env(transactional_db: None) -> dict[str, str]:
         PYTHONPATH=str(ROOT),
         PYTHONUNBUFFERED="1",
     )
+    if "second" in connections:  # the second server (tests/second_server.py), if any
+        env[second_server.NAME_VARIABLE] = connections["second"].settings_dict["NAME"]
     return env
 
 
@@ -73,3 +77,13 @@ def start_command(subprocess_env: dict[str, str]):
         process.wait(timeout=10)
         if process.stdout:
             process.stdout.close()
+
+
+@pytest.fixture
+def fresh_claim_mode() -> Iterator[None]:
+    """The test starts without a plain/controlled claim decision kept from an earlier test."""
+    from django_pgtasks import claiming
+
+    claiming.forget_modes()
+    yield
+    claiming.forget_modes()

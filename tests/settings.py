@@ -2,8 +2,10 @@
 
 import importlib.util
 import os
+from pathlib import Path
 
 from django_pgtasks.dev import database_config
+from tests import second_server
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -20,13 +22,24 @@ INSTALLED_APPS = [
     "tests.testapp",
 ]
 
-DATABASES = {"default": database_config("pgtasks")}
+# DATABASE_URL, PG* variables or localhost:5432; without any server, an embedded one whose data
+# lives in .pgdata/embedded of the checkout (see django_pgtasks.dev).
+DATABASES = {
+    "default": database_config(
+        "pgtasks", embedded_dir=Path(__file__).resolve().parent.parent / ".pgdata" / "embedded"
+    )
+}
 # Only used to prove the system check that refuses a non-PostgreSQL task database.
 DATABASES["not_postgres"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
 # One test database per test run, so several runs (e.g. two Django versions) can share a server.
 DATABASES["default"]["TEST"] = {
     "NAME": os.environ.get("PGTASKS_TEST_DB", f"test_pgtasks_{os.getpid()}")
 }
+# A second PostgreSQL server (tests/second_server.py), for the tests of queues spread over
+# several databases (tests/test_multidb.py); absent when none can be had.
+_second = second_server.database_config(DATABASES["default"]["TEST"]["NAME"])
+if _second is not None:
+    DATABASES["second"] = _second
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

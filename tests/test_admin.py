@@ -18,7 +18,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 
-from django_pgtasks.admin import NAME_FILTER_SAMPLE, NameFilter, TaskAdmin
+from django_pgtasks import admin as admin_module
+from django_pgtasks.admin import COUNT_LIMIT, NAME_FILTER_SAMPLE, NameFilter, TaskAdmin
 from django_pgtasks.models import Status, Task
 from tests.testapp import tasks
 
@@ -100,60 +101,7 @@ def viewer_client(client: Client) -> Client:
     return client
 
 
-# -- changelist summary ------------------------------------------------------------------
-
-
-def test_summary_counts_tasks_per_name_and_status(admin_client: Client) -> None:
-    ready = [make_task(), make_task()]
-    running = make_task(status=Status.RUNNING, locked_by="w1")
-    add_failed = failed("ValueError: bad input")
-
-    response = admin_client.get(CHANGELIST)
-
-    assert response.status_code == 200
-    rows = {row.name: row for row in response.context["task_summary"].rows}
-    assert set(rows) == {"tests.testapp.tasks.noop", "tests.testapp.tasks.always_fails"}
-    noop = rows["tests.testapp.tasks.noop"]
-    by_status = dict(zip(Status.values, noop.cells, strict=True))
-    assert (by_status["READY"].count, by_status["RUNNING"].count, noop.total) == (2, 1, 3)
-    assert by_status["FAILED"].count == 0
-    assert rows["tests.testapp.tasks.always_fails"].total == 1
-    assert escape(by_status["READY"].url) in response.content.decode()
-
-    # Each cell links to the changelist filtered to exactly its tasks.
-    assert listed(admin_client.get(by_status["READY"].url)) == {t.pk for t in ready}
-    assert listed(admin_client.get(by_status["RUNNING"].url)) == {running.pk}
-    assert listed(admin_client.get(noop.url)) == {*(t.pk for t in ready), running.pk}
-    failed_column = response.context["task_summary"].status_columns[Status.values.index("FAILED")]
-    assert listed(admin_client.get(failed_column.url)) == {add_failed.pk}
-
-
-def test_failures_that_differ_only_by_ids_form_one_error_group(admin_client: Client) -> None:
-    order_41 = failed("LookupError: order 41 not found")
-    order_977 = failed("LookupError: order 977 not found")
-    lease_a = failed("LeaseLostError: lease 3f2a9c1e-0b7d-4c1e-9a55-1d2e3f4a5b6c lost")
-    lease_b = failed("LeaseLostError: lease 0c9d8e7f-1a2b-4c3d-8e9f-a0b1c2d3e4f5 lost")
-    failed("ValueError: bad input")
-    # Same error, but still waiting for a retry: not a failure yet.
-    make_task(status=Status.AWAITING_RETRY, error_text="LookupError: order 5 not found")
-
-    response = admin_client.get(CHANGELIST)
-
-    groups = {group.text: group for group in response.context["task_summary"].error_groups}
-    assert {text: group.count for text, group in groups.items()} == {
-        "LookupError: order N not found": 2,
-        "LeaseLostError: lease N-N-N-N-N lost": 2,
-        "ValueError: bad input": 1,
-    }
-    assert list(groups)[-1] == "ValueError: bad input"  # commonest first
-    orders = groups["LookupError: order N not found"]
-    assert escape(orders.url) in response.content.decode()
-
-    filtered = admin_client.get(orders.url)
-    assert listed(filtered) == {order_41.pk, order_977.pk}
-    assert "LookupError: order N not found" in filtered.content.decode()  # the active filter
-    leases = admin_client.get(groups["LeaseLostError: lease N-N-N-N-N lost"].url)
-    assert listed(leases) == {lease_a.pk, lease_b.pk}
+# -- error-group filter -------------------------------------------------------------------
 
 
 def test_error_group_filter_rejects_values_no_group_can_have(admin_client: Client) -> None:
@@ -182,18 +130,89 @@ def test_error_group_filter_value_is_data_not_sql(admin_client: Client) -> None:
     assert Task.objects.filter(pk=task.pk).exists()
 
 
-def test_summary_queries_are_skipped_when_an_action_redirects(admin_client: Client) -> None:
-    task = make_task()
-    ids = [task.pk]
-    admin_client.post(CHANGELIST, {"action": "cancel_selected", "index": 0,
-                                   "_selected_action": ids})
+def test_the_list_counts_at_most_the_count_limit(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list never counts every matching row: a page view counts at most COUNT_LIMIT + 1
+    rows and then says "more than" the limit."""
+    monkeypatch.setattr(TaskAdmin, "list_per_page", 2)
+    for _ in range(3):
+        make_task()
     with CaptureQueriesContext(connection) as captured:
-        response = admin_client.post(CHANGELIST, {"action": "cancel_selected",
-                                                  "_selected_action": ids, "post": "yes"})
-    assert response.status_code == 302
-    sql = "\n".join(query["sql"] for query in captured.captured_queries)
-    assert "regexp_replace" not in sql
-    assert 'GROUP BY "pgtasks_task"."name"' not in sql
+        response = admin_client.get(CHANGELIST)
+    counts = [q["sql"] for q in captured.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert len(counts) == 1
+    assert f"LIMIT {COUNT_LIMIT + 1}" in counts[0]
+    assert (response.context["cl"].result_count, response.context["cl"].result_count_capped) == (
+        3, False)
+    assert "More than" not in response.content.decode()
+
+
+def test_a_list_that_fits_one_page_is_read_once_and_not_counted(admin_client: Client) -> None:
+    tasks_made = [make_task() for _ in range(3)]
+    with CaptureQueriesContext(connection) as captured:
+        response = admin_client.get(CHANGELIST)
+    assert listed(response) == {t.pk for t in tasks_made}
+    assert response.context["cl"].result_count == 3
+    sql = [q["sql"] for q in captured.captured_queries]
+    assert not [q for q in sql if "COUNT(" in q.upper()]
+    assert len([q for q in sql if '"pgtasks_task"."kwargs"' in q]) == 1  # the rows, once
+
+
+def test_a_capped_count_says_more_than_the_limit(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admin_module, "COUNT_LIMIT", 3)
+    monkeypatch.setattr(TaskAdmin, "list_per_page", 2)
+    tasks_made = [make_task() for _ in range(5)]
+    response = admin_client.get(CHANGELIST)
+    cl = response.context["cl"]
+    assert (cl.result_count, cl.result_count_capped) == (3, True)
+    content = response.content.decode()
+    assert "More than 3 tasks match" in content
+    assert "more than 3 tasks" in content  # the paginator line
+    assert listed(response) == {t.pk for t in tasks_made[-2:]}  # the newest first
+    # The last page ends at the limit.
+    assert listed(admin_client.get(CHANGELIST, {"p": "2"})) == {tasks_made[2].pk}
+
+
+def test_within_a_task_name_the_most_attempts_come_first(admin_client: Client) -> None:
+    few = make_task(attempt=1)
+    most = make_task(attempt=3)
+    middle = make_task(attempt=2)
+    response = admin_client.get(CHANGELIST, {"name": "tests.testapp.tasks.noop"})
+    assert [t.pk for t in response.context["cl"].result_list] == [most.pk, middle.pk, few.pk]
+    # Without a name, newest first.
+    response = admin_client.get(CHANGELIST)
+    assert [t.pk for t in response.context["cl"].result_list] == [middle.pk, most.pk, few.pk]
+
+
+def test_the_list_shows_arguments_and_the_first_error_line(admin_client: Client) -> None:
+    task = make_task(tasks.add, 1, 2)
+    Task.objects.filter(pk=task.pk).update(
+        kwargs={"note": "x" * 200}, status=Status.FAILED,
+        error_text="ValueError: bad input\nTraceback (most recent call last):\n  secret frame",
+    )
+    content = admin_client.get(CHANGELIST).content.decode()
+    assert escape('1, 2, note="xxxx') in content
+    assert "ValueError: bad input" in content
+    assert "secret frame" not in content  # the full text is on the task's page
+    assert "x" * 100 not in content
+
+
+def test_the_database_parameter_chooses_the_task_database(admin_client: Client) -> None:
+    task = make_task()
+    response = admin_client.get(CHANGELIST, {"database": "default"})
+    assert response.status_code == 200
+    assert listed(response) == {task.pk}
+    # Not a filter: the links of the list keep it.
+    assert "database=default" in response.context["cl"].get_query_string({"q": "x"})
+    # Only aliases that hold queues are accepted.
+    assert admin_client.get(CHANGELIST, {"database": "not_postgres"}).status_code == 404
+    assert admin_client.get(CHANGELIST, {"database": "nowhere"}).status_code == 404
+    # A task's page reached from the list reads the same database.
+    preserved = {"_changelist_filters": "database=default&status__exact=READY"}
+    assert admin_client.get(change_url(task), preserved).status_code == 200
 
 
 # -- filters and search ------------------------------------------------------------------
@@ -240,7 +259,7 @@ def test_name_filter_reads_only_the_newest_tasks() -> None:
     assert "Index Scan using pgtasks_task_pkey" in plan
 
 
-def test_search_by_id_key_and_name(admin_client: Client) -> None:
+def test_search_by_id_or_key(admin_client: Client) -> None:
     first, second, third = make_task(), make_task(), make_task(tasks.add, 1, 2)
     Task.objects.filter(pk=first.pk).update(key="invoice-2024-17")
 
@@ -248,8 +267,22 @@ def test_search_by_id_key_and_name(admin_client: Client) -> None:
     assert listed(admin_client.get(CHANGELIST, {"q": f" {third.pk} "})) == {third.pk}
     assert listed(admin_client.get(CHANGELIST, {"q": "invoice-2024-17"})) == {first.pk}
     assert listed(admin_client.get(CHANGELIST, {"q": "invoice"})) == set()  # keys match exactly
-    assert listed(admin_client.get(CHANGELIST, {"q": "tasks.add"})) == {third.pk}
+    # Names are chosen with the name filter, not searched (a search over every row).
+    assert listed(admin_client.get(CHANGELIST, {"q": "tasks.add"})) == set()
     assert listed(admin_client.get(CHANGELIST, {"q": "9" * 30})) == set()
+
+
+def test_a_numeric_search_is_one_primary_key_lookup(admin_client: Client) -> None:
+    task = make_task()
+    with CaptureQueriesContext(connection) as captured:
+        response = admin_client.get(CHANGELIST, {"q": str(task.pk)})
+    assert listed(response) == {task.pk}
+    # The list's own query (every column) and its count.
+    listing = [q["sql"] for q in captured.captured_queries
+               if '"pgtasks_task"."kwargs"' in q["sql"] or "COUNT(*)" in q["sql"]]
+    assert listing
+    for sql in listing:
+        assert sql.split(" WHERE ", 1)[1].startswith(f'"pgtasks_task"."id" = {task.pk} '), sql
 
 
 def test_search_by_id_respects_active_filters(admin_client: Client) -> None:
@@ -272,12 +305,29 @@ def test_retry_now_after_confirmation_skips_running_and_successful(admin_client:
 
     assert chosen.status_code == 200
     assert "4 tasks are selected." in chosen.content.decode()
+    assert "Of these: 1 running, 1 successful, 1 failed, 1 cancelled." in chosen.content.decode()
     assert 'name="post" value="yes"' in chosen.content.decode()
     assert confirmed.status_code == 302
     assert statuses(*selected) == ["READY", "READY", "RUNNING", "SUCCESSFUL"]
     assert Task.objects.get(pk=failed_task.pk).max_attempts == 4  # one more attempt
     assert message_texts(confirmed) == [
-        "Retry now: 2 changed, 2 skipped (running or successful)."
+        "Retry now: 2 changed, 2 skipped (1 running, 1 successful)."
+    ]
+
+
+def test_retry_says_why_a_failed_task_was_skipped(admin_client: Client) -> None:
+    """A failed task whose key another live task holds now stays failed, and the message
+    says so instead of claiming it was running."""
+    old = failed("ValueError: bad input")
+    Task.objects.filter(pk=old.pk).update(key="report-7")
+    Task.objects.enqueue(tasks.noop, key="report-7")
+
+    _, confirmed = run_action(admin_client, "retry_now_selected", [old])
+
+    assert statuses(old) == ["FAILED"]
+    assert message_texts(confirmed) == [
+        "Retry now: 0 changed, 1 skipped (1 key held by another live task, or changed "
+        "meanwhile)."
     ]
 
 
@@ -291,7 +341,9 @@ def test_choosing_an_action_changes_nothing_until_confirmed(admin_client: Client
     assert statuses(task) == ["READY"]
 
 
-def test_cancel_after_confirmation_skips_running_and_finished(admin_client: Client) -> None:
+def test_cancel_after_confirmation_stops_running_and_skips_finished(
+    admin_client: Client,
+) -> None:
     ready = make_task()
     waiting = make_task(status=Status.AWAITING_RETRY, attempt=1)
     running = make_task(status=Status.RUNNING, locked_by="w1")
@@ -300,9 +352,13 @@ def test_cancel_after_confirmation_skips_running_and_finished(admin_client: Clie
 
     _, confirmed = run_action(admin_client, "cancel_selected", selected)
 
+    # The running task keeps running until its handler stops: it is only asked to.
     assert statuses(*selected) == ["CANCELLED", "CANCELLED", "RUNNING", "SUCCESSFUL"]
+    assert list(Task.objects.filter(pk__in=[t.pk for t in selected], cancel_requested=True)
+                .values_list("pk", flat=True)) == [running.pk]
     assert message_texts(confirmed) == [
-        "Cancel: 2 changed, 2 skipped (running or already finished)."
+        "Cancel: 3 changed, 1 skipped (1 already finished). "
+        "1 running task was asked to stop."
     ]
 
 
@@ -317,9 +373,7 @@ def test_action_on_all_matching_tasks_keeps_the_changelist_filters(admin_client:
 
     assert "3 tasks are selected." in chosen.content.decode()
     assert statuses(*failures, other) == ["READY", "READY", "READY", "CANCELLED"]
-    assert message_texts(confirmed) == [
-        "Retry now: 3 changed, 0 skipped (running or successful)."
-    ]
+    assert message_texts(confirmed) == ["Retry now: 3 changed, 0 skipped."]
 
 
 def test_change_priority_after_confirmation_skips_running(admin_client: Client) -> None:
@@ -335,9 +389,7 @@ def test_change_priority_after_confirmation_skips_running(admin_client: Client) 
     assert confirmed.status_code == 302
     priorities = [Task.objects.get(pk=t.pk).priority for t in (ready, running)]
     assert priorities == [150, 100]
-    assert message_texts(confirmed) == [
-        "Priority 150: 1 changed, 1 skipped (running or already finished)."
-    ]
+    assert message_texts(confirmed) == ["Priority 150: 1 changed, 1 skipped (1 running)."]
 
 
 @pytest.mark.parametrize(
@@ -473,7 +525,6 @@ def test_view_only_user_sees_tasks_but_no_actions(viewer_client: Client) -> None
     assert response.status_code == 200
     assert response.context["action_form"] is None
     assert 'name="action"' not in response.content.decode()
-    assert response.context["task_summary"].error_groups
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,7 @@ def test_manage_py_check_fails_on_misconfiguration(settings) -> None:
         ({"MAX_ATTEMPTS": "3"}, "E009"),
         ({"POLL_INTERVAL": 0}, "E010"),
         ({"SHUTDOWN_GRACE": -1}, "E010"),
+        ({"CONTROLS_REFRESH": 0}, "E010"),
     ],
 )
 def test_invalid_settings_are_reported(settings, pgtasks: dict, expected: str) -> None:

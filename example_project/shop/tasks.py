@@ -4,7 +4,15 @@
   the handler's writes commit on their own, and an attempt that fails is retried.
 - ``reports``: daily report rebuilds. They only write to this database, so they run *exactly
   once* (``atomic=True``): the report and the task's completion commit together.
-- ``default``: order reviews, whose verdict is kept as the task's result.
+- ``default``: order reviews, whose verdict is kept as the task's result, and the fulfilment
+  pipeline (pick, pack, ship), one stage after the other.
+
+Two more show the other ways in:
+
+- ``refresh_todays_report`` runs every minute on its own (a periodic task: ``schedule=``);
+- ``send_loyalty_coupon`` is written with Django's own ``@task`` API (``django.tasks``, or the
+  ``django-tasks`` backport on Django 5.2) and runs on the same workers through
+  ``django_pgtasks.backend.PgTasksBackend`` (see ``TASKS`` in the settings).
 
 Handlers receive plain JSON arguments (ids, ISO dates) and load what they need, so a task
 always sees the current state of the database rather than a copy taken at enqueue time.
@@ -23,6 +31,7 @@ from django.utils import timezone
 
 from django_pgtasks import FatalError, TaskContext, pgtask
 from django_pgtasks.retry import exponential
+from django_pgtasks.scheduling import every
 
 from .models import Customer, Notification, Order, Report
 
@@ -102,6 +111,15 @@ def rebuild_daily_report(day: str) -> dict[str, Any]:
     return {"day": day, "order_count": report.order_count, "revenue": str(report.revenue)}
 
 
+# Periodic: every worker runs the scheduler, and each planned run is enqueued exactly once
+# however many workers there are. The first run is enqueued as soon as a worker starts.
+@pgtask(queue="reports", atomic=True, schedule=every(minutes=1))
+def refresh_todays_report() -> dict[str, Any]:
+    """Keep today's report current between the rebuilds that orders trigger."""
+    # A handler is a plain function too: this runs the rebuild in this task's transaction.
+    return rebuild_daily_report(timezone.localdate().isoformat())
+
+
 @pgtask
 def review_order(order_id: int) -> dict[str, Any]:
     """Screen an order for manual review; the verdict is stored as the task's result."""
@@ -119,7 +137,7 @@ def review_order(order_id: int) -> dict[str, Any]:
     if same_day > ORDERS_PER_DAY_LIMIT:
         reasons.append(f"{same_day} orders by the same customer within a day")
     if reasons:
-        logger.warning("Order %s flagged for review: %s.", order.pk, "; ".join(reasons))
+        logger.info("Order %s flagged for review: %s.", order.pk, "; ".join(reasons))
     return {"order_id": order.pk, "flagged": bool(reasons), "reasons": reasons}
 
 
@@ -151,3 +169,22 @@ def ship_order(order_id: int) -> dict[str, Any]:
         body=f"Hello {order.customer.name},\n\nyour order #{order.pk} is on its way.",
     )
     return {"order_id": order_id, "shipped": True}
+
+
+# Django's Tasks framework: the same queue, workers and admin as the handlers above.
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import task
+
+
+@task(queue_name="emails", priority=-10)
+def send_loyalty_coupon(customer_id: int, percent: int) -> str:
+    """Thank a returning customer with a coupon (Django's ``@task`` API)."""
+    customer = Customer.objects.get(pk=customer_id)
+    code = f"THANKS{percent}-{customer.pk:05d}"
+    Notification.objects.create(
+        customer=customer, subject=f"A {percent}% coupon for you",
+        body=f"Hello {customer.name},\n\nthank you for your orders: use {code} next time.",
+    )
+    return code

@@ -14,6 +14,7 @@ from django.utils.dateparse import parse_duration
 
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.retention import ARCHIVE_DELETED, ARCHIVED, DELETED, purge, to_seconds
+from django_pgtasks.routing import queue_databases
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
@@ -95,14 +96,21 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--database", default=None,
-            help=f"Database alias of the task table (default: PGTASKS['DATABASE'], "
-                 f"{s.DATABASE!r}).",
+            help=f"Database alias of the task table (default: every database that holds "
+                 f"a queue, PGTASKS['DATABASE'] ({s.DATABASE!r}) first).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        database = options["database"] or pgtasks_settings.DATABASE
-        if database not in settings.DATABASES:
-            raise CommandError(f"--database {database!r} is not an alias in DATABASES.")
+        databases = [options["database"]] if options["database"] else queue_databases()
+        for database in databases:
+            if database not in settings.DATABASES:
+                raise CommandError(f"--database {database!r} is not an alias in DATABASES.")
+        for database in databases:
+            if len(databases) > 1:
+                self.stdout.write(f"Database {database}:")
+            self._purge(database, options)
+
+    def _purge(self, database: str, options: dict[str, Any]) -> None:
         progress = options["verbosity"] >= 2
 
         def on_batch(kind: str, counts: dict[str, int]) -> None:

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.liveness import rescue
+from django_pgtasks.routing import queue_databases
 
 
 class Command(BaseCommand):
@@ -25,19 +26,29 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--database", default=None,
-            help=f"Database alias of the task table (default: PGTASKS['DATABASE'], "
-                 f"{pgtasks_settings.DATABASE!r}).",
+            help=f"Database alias of the task table (default: every database that holds "
+                 f"a queue, PGTASKS['DATABASE'] ({pgtasks_settings.DATABASE!r}) first).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        database = options["database"] or pgtasks_settings.DATABASE
-        if database not in settings.DATABASES:
-            raise CommandError(f"--database {database!r} is not an alias in DATABASES.")
-        result = rescue(database, dry_run=options["dry_run"])
-        if result is None:
-            raise CommandError("Another rescue pass is running right now; try again.")
+        databases = [options["database"]] if options["database"] else queue_databases()
+        for database in databases:
+            if database not in settings.DATABASES:
+                raise CommandError(f"--database {database!r} is not an alias in DATABASES.")
         verb = "would be rescued" if options["dry_run"] else "rescued"
-        for task in result:
-            self.stdout.write(f"Task id={task.id} name={task.name} worker={task.worker} "
-                              f"status={task.status}")
-        self.stdout.write(f"{len(result)} task(s) {verb}.")
+        busy = []
+        for database in databases:
+            # With several databases, each line names the one it is about.
+            where = f" database={database}" if len(databases) > 1 else ""
+            result = rescue(database, dry_run=options["dry_run"])
+            if result is None:
+                busy.append(database)
+                continue
+            for task in result:
+                self.stdout.write(f"Task id={task.id} name={task.name} worker={task.worker} "
+                                  f"status={task.status}{where}")
+            on = f" on {database}" if len(databases) > 1 else ""
+            self.stdout.write(f"{len(result)} task(s) {verb}{on}.")
+        if busy:
+            on = f" on {', '.join(busy)}" if len(databases) > 1 else ""
+            raise CommandError(f"Another rescue pass is running right now{on}; try again.")

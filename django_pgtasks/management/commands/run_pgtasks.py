@@ -1,4 +1,10 @@
-"""``manage.py run_pgtasks``: run workers. Parses options, then hands over to Worker/Supervisor."""
+"""``manage.py run_pgtasks``: run workers. Parses options, then hands over to Worker/Supervisor.
+
+Each worker process works against one database. Without ``--database`` the queues to serve
+are grouped by the database that holds them (:func:`django_pgtasks.routing.database_for_queue`):
+queues on one database run as before; queues on several run under a supervisor, with
+``--processes`` worker processes for each database.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.routing import database_for_queue, queue_databases, queues_on
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: application_name of every database session a run_pgtasks process opens.
@@ -87,8 +94,9 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--database", default=None,
-            help=f"Database alias of the task table (default: PGTASKS['DATABASE'], "
-                 f"{s.DATABASE!r}).",
+            help="Serve only the queues held by this database alias (default: every "
+                 "database that holds a queue to serve, each with its own worker processes; "
+                 "see PGTASKS['QUEUES'] 'database' options).",
         )
         parser.add_argument(
             "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
@@ -96,26 +104,59 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        worker_options = self._worker_options(options)
+        groups = self._worker_groups(options)
         configure_logging(options["log_level"])
         # Name the worker's database sessions (libpq reads PGAPPNAME) so that operators can
         # tell them apart in pg_stat_activity.
         os.environ.setdefault("PGAPPNAME", WORKER_APPLICATION_NAME)
         processes = options["processes"]
-        if processes > 1:
+        if processes > 1 or len(groups) > 1:
             from django_pgtasks.supervisor import Supervisor
 
-            code = Supervisor(processes, worker_options, options["log_level"]).run()
+            code = Supervisor(processes, groups, options["log_level"]).run()
         else:
             from django_pgtasks.worker import Worker
 
-            code = Worker(**worker_options).run()
+            code = Worker(**groups[0]).run()
             if code:
                 # Handler threads past the grace period cannot be joined; leave without them.
                 logging.shutdown()
                 os._exit(code)
         if code:
             raise SystemExit(code)
+
+    def _worker_groups(self, options: dict[str, Any]) -> list[dict[str, Any]]:
+        """The worker options for each database to serve (one entry per database)."""
+        worker_options = self._worker_options(options)
+        queues = worker_options["queues"]
+        if options["database"]:
+            database = worker_options["using"]
+            # The queues this database holds; one that holds none serves them all (for tasks
+            # put there with ``enqueue(..., using=...)``).
+            held = queues_on(database)
+            if queues is None:
+                worker_options["queues"] = held or None
+            elif held and (elsewhere := [q for q in queues if q not in held]):
+                # Allowed, for the tasks a queue left behind when it moved to another database.
+                self.stderr.write(
+                    f"Queue(s) {', '.join(elsewhere)} are configured on another database than "
+                    f"{database!r} (PGTASKS['QUEUES']); serving the tasks they have there."
+                )
+            return [worker_options]
+        selected = queues or pgtasks_settings.queue_names
+        groups = []
+        for database in queue_databases():
+            on_database = [q for q in selected if database_for_queue(q) == database]
+            if on_database:
+                groups.append(dict(worker_options, using=database, queues=on_database))
+        for group in groups:
+            if group["using"] not in settings.DATABASES:
+                raise CommandError(
+                    f"Queue(s) {', '.join(group['queues'])} are on database "
+                    f"{group['using']!r}, which is not an alias in DATABASES "
+                    f"({', '.join(settings.DATABASES)})."
+                )
+        return groups or [worker_options]
 
     def _worker_options(self, options: dict[str, Any]) -> dict[str, Any]:
         if options["concurrency"] is not None and options["concurrency"] < 1:

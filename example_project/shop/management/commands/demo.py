@@ -1,46 +1,86 @@
-"""``manage.py demo``: a whole tour in one command.
+"""``manage.py demo``: the whole tour in one command.
 
-1. Create the database if it does not exist, and migrate it.
-2. Seed a week of orders for a few dozen customers, and queue their tasks: a confirmation
-   email per order, a report rebuild per day, a review per order. A few customers write from
-   ``@flaky.example`` (their first delivery attempt fails and is retried) and a few orders are
-   withdrawn before they are confirmed (their confirmation fails for good).
-3. Run a worker until every task has finished, then print what became of them.
+1. Create the database if it does not exist, and migrate it. Without a PostgreSQL server
+   (and without ``DATABASE_URL``), the settings start an embedded one first
+   (``django_pgtasks.dev``).
+2. Create the demo login of the admin (``demo`` / ``demo``).
+3. Seed a week of orders for a few dozen customers and queue their tasks: a confirmation
+   email per order, a report rebuild per day, a review per order, the fulfilment pipeline
+   (pick, pack, ship) for every third order, and a loyalty coupon for returning customers
+   (written with Django's ``@task``). A few customers write from ``@flaky.example`` (their
+   first delivery attempt fails and is retried) and a few orders are withdrawn before they
+   are confirmed (their confirmation fails for good). A periodic task refreshes today's
+   report every minute.
+4. Serve the site and the admin, run a worker, and show its progress on one live line.
+5. Once every task has finished, print what became of them. Then keep serving and working
+   (orders placed in the browser are processed at once) until Ctrl-C, or exit at once with
+   ``--exit-when-done``.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import random
+import shutil
+import sys
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TextIO
 
 import psycopg
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.staticfiles.handlers import StaticFilesHandler
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.servers.basehttp import (
+    ThreadedWSGIServer,
+    WSGIRequestHandler,
+    get_internal_wsgi_application,
+)
 from django.db import DatabaseError, InterfaceError, connection, connections, transaction
-from django.db.models import Count
+from django.db.models import Count, Max
 from django.utils import timezone
 from psycopg import sql
 
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.models import Task
+from django_pgtasks.dev import is_embedded
+from django_pgtasks.models import Schedule, Status, Task
 from django_pgtasks.worker import Worker
 from shop.models import Customer, Order
 from shop.tasks import (
     FLAKY_DOMAIN,
+    pick_order,
     rebuild_daily_report,
     review_order,
+    send_loyalty_coupon,
     send_order_confirmation,
 )
 
 DEFAULT_ORDERS = 150
 DEFAULT_SEED = 1
-#: Seconds between two looks at the queue while waiting for it to drain.
+DEFAULT_ADDRPORT = "127.0.0.1:8000"
+#: Other ports tried, one after the other, when the requested one is taken.
+PORT_ATTEMPTS = 20
+#: The admin login the demo creates (and resets) for a local tour. Never deploy it.
+DEMO_USERNAME = "demo"
+DEMO_PASSWORD = "demo"
+#: Every third order goes through the fulfilment pipeline.
+PIPELINE_EVERY = 3
+#: Customers with at least this many orders get a loyalty coupon.
+COUPON_MIN_ORDERS = 4
+#: Seconds between two looks at the queue while it drains (live line on a terminal).
 DRAIN_CHECK_INTERVAL = 0.2
+#: Seconds between two progress lines when the output is not a terminal.
+LOG_PROGRESS_INTERVAL = 2.0
+#: Width of the progress bar, in characters.
+BAR_WIDTH = 12
 
 FIRST_NAMES = ["Ada", "Alan", "Barbara", "Cecilia", "Donald", "Edsger", "Frances", "Grace",
                "Hedy", "John", "Katherine", "Leslie", "Margaret", "Niklaus", "Radia", "Tim"]
@@ -59,20 +99,49 @@ class Seeded:
     orders: int
     withdrawn: int
     tasks: int
+    pipelines: int
+    coupons: int
+
+
+@dataclass
+class Progress:
+    """Task counts of the whole table, as the live line shows them."""
+
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def finished(self) -> int:
+        return sum(self.counts.get(s, 0) for s in (Status.SUCCESSFUL, Status.FAILED,
+                                                   Status.CANCELLED))
+
+    def line(self, elapsed: float) -> str:
+        total, finished = self.total, self.finished
+        filled = BAR_WIDTH * finished // total if total else BAR_WIDTH
+        c = self.counts
+        return (
+            f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {finished}/{total} done, "
+            f"{c.get(Status.FAILED, 0)} failed; {c.get(Status.RUNNING, 0)} running, "
+            f"{c.get(Status.READY, 0)} ready, {c.get(Status.AWAITING_RETRY, 0)} retrying; "
+            f"{elapsed:.1f}s"
+        )
 
 
 class Command(BaseCommand):
     help = (
-        "Create and migrate the database, seed orders with their tasks, and run a worker "
-        "until every task has finished."
+        "Create and migrate the database, seed orders with their tasks, then serve the site "
+        "and the admin while a worker runs the tasks, with a live progress line."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--orders", type=int, default=DEFAULT_ORDERS, metavar="N",
             help=f"Orders to seed; each gets a confirmation task and (unless withdrawn) a "
-                 f"review task, and each day they fall on a report rebuild "
-                 f"(default: {DEFAULT_ORDERS}).",
+                 f"review task, every third one the three-stage fulfilment pipeline, and each "
+                 f"day they fall on a report rebuild (default: {DEFAULT_ORDERS}).",
         )
         parser.add_argument(
             "--concurrency", "-c", type=int, default=None,
@@ -80,9 +149,18 @@ class Command(BaseCommand):
                  f"{pgtasks_settings.CONCURRENCY}).",
         )
         parser.add_argument(
-            "--forever", action="store_true",
-            help="Keep the worker running after the queue is drained, until Ctrl-C "
-                 "(default: stop once every task has finished).",
+            "--exit-when-done", action="store_true",
+            help="Stop the worker and the web server and exit once every task has finished "
+                 "(default: keep both running until Ctrl-C).",
+        )
+        parser.add_argument(
+            "--no-web", action="store_true",
+            help="Do not serve the site and the admin; only run the worker.",
+        )
+        parser.add_argument(
+            "--addrport", default=DEFAULT_ADDRPORT, metavar="IP:PORT",
+            help=f"Where the site and the admin are served; when the port is taken, the "
+                 f"next free one is used (default: {DEFAULT_ADDRPORT}).",
         )
         parser.add_argument(
             "--no-seed", action="store_true",
@@ -99,31 +177,89 @@ class Command(BaseCommand):
             raise CommandError("--orders must not be negative.")
         if options["concurrency"] is not None and options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1.")
+        host, _, port = options["addrport"].rpartition(":")
+        if not host or not port.isdigit():
+            raise CommandError(f"--addrport must look like 127.0.0.1:8000, not "
+                               f"{options['addrport']!r}.")
         verbosity = options["verbosity"]
+        self.started = time.monotonic()
 
         name = connection.settings_dict["NAME"]
+        self.stdout.write(f"Database: {name!r} on {describe_server(connection.settings_dict)}.")
         if ensure_database(connection.settings_dict):
             self.stdout.write(f"Created database {name!r}.")
-        call_command("migrate", interactive=False, verbosity=verbosity)
+        call_command("migrate", interactive=False, verbosity=max(verbosity - 1, 0))
+        self.stdout.write("Migrated.")
+        ensure_demo_user()
 
+        # Progress counts the tasks of this run: those seeded now, and those that follow.
+        since_id = Task.objects.aggregate(last=Max("id"))["last"] or 0
         if not options["no_seed"]:
             started = time.monotonic()
             seeded = seed(options["orders"], random.Random(options["seed"]))
             self.stdout.write(
                 f"Seeded {seeded.orders} orders for {seeded.customers} customers "
                 f"({seeded.withdrawn} withdrawn) and queued {seeded.tasks} tasks "
+                f"({seeded.pipelines} fulfilment pipelines, {seeded.coupons} loyalty coupons) "
                 f"in {time.monotonic() - started:.2f}s."
             )
 
+        server = None
+        if not options["no_web"]:
+            server = start_web_server(host, int(port))
+            url = f"http://{host}:{server.server_port}"
+            self.stdout.write(
+                f"Shop:  {url}/\n"
+                f"Admin: {url}/admin/  (login: {DEMO_USERNAME} / password: {DEMO_PASSWORD})\n"
+                f"Tasks: {url}/admin/django_pgtasks/task/"
+            )
+
+        if verbosity < 2:
+            # After the web server: its WSGI handler sets up Django, logging included, again.
+            quiet_logs()
         worker = Worker(concurrency=options["concurrency"], burst=False)
+        self.stdout.write(
+            f"Worker: {worker.concurrency} threads on queues {', '.join(worker.queues)}; "
+            + ("it stops once every task has finished." if options["exit_when_done"]
+               else "Ctrl-C stops the demo.")
+        )
+        self.stdout.flush()
         started = time.monotonic()
-        code = worker.run() if options["forever"] else drain(worker)
+        self.keep_running = not options["exit_when_done"]
+        self.site_url = None if server is None else f"http://{host}:{server.server_port}/"
+        reporter = ProgressReporter(self.stdout, self.started, on_drained=self.drained)
+        try:
+            code = run_until_drained(worker, reporter, since_id=since_id,
+                                     exit_when_done=options["exit_when_done"])
+        finally:
+            if server is not None:
+                server.shutdown()
+                server.server_close()
         self.stdout.write(
             f"Worker ran {worker.processed} attempts in {time.monotonic() - started:.2f}s."
         )
         self.print_summary()
         if code:
             raise CommandError(f"The worker stopped with running tasks left (exit code {code}).")
+
+    def drained(self, first_finished: float | None) -> None:
+        """Called once, when the seeded tasks have all finished."""
+        if first_finished is not None:
+            self.stdout.write(
+                f"First task finished {first_finished - self.started:.2f}s after the demo "
+                f"started."
+            )
+        self.stdout.write(
+            f"Every task has finished, {time.monotonic() - self.started:.1f}s after the "
+            f"demo started."
+        )
+        if self.keep_running:
+            where = f"place orders at {self.site_url} and " if self.site_url else ""
+            self.stdout.write(
+                f"The worker keeps running: {where}watch their tasks in the admin. "
+                f"Ctrl-C stops the demo."
+            )
+        self.stdout.flush()
 
     def print_summary(self) -> None:
         rows = list(
@@ -139,12 +275,171 @@ class Command(BaseCommand):
         self.stdout.write("Tasks by queue:")
         for row in rows:
             self.stdout.write(f"  {row['queue']:<10}{row['status']:<16}{row['count']:>6}")
+        self.stdout.write("Tasks by name:")
+        names = Task.objects.values("name").annotate(count=Count("id")).order_by("name")
+        for row in names:
+            self.stdout.write(f"  {row['name']:<42}{row['count']:>6}")
         retried = Task.objects.filter(attempt__gt=1).values("name").annotate(count=Count("id"))
         for row in retried.order_by("name"):
             self.stdout.write(f"Retried: {row['count']} x {row['name']}")
-        for task in Task.objects.failed().order_by("id")[:20]:
+        for schedule in Schedule.objects.order_by("name"):
+            self.stdout.write(
+                f"Periodic: {schedule.name} ({schedule.spec}), next run "
+                f"{timezone.localtime(schedule.next_run_at):%H:%M:%S}"
+                if schedule.next_run_at else f"Periodic: {schedule.name} ({schedule.spec})"
+            )
+        for task in Task.objects.failed().order_by("id")[:10]:
             reason = task.error_text.partition("\n")[0]
             self.stdout.write(f"Failed: task {task.pk} {task.name}: {reason}")
+
+
+class ProgressReporter:
+    """Shows the live progress line: redrawn in place on a terminal; elsewhere (a log file,
+    CI) printed every few seconds when something changed."""
+
+    def __init__(self, out: Any, started: float,
+                 on_drained: Callable[[float | None], None]) -> None:
+        self.stream: TextIO = getattr(out, "_out", sys.stdout)
+        self.tty = self.stream.isatty()
+        self.started = started
+        self.on_drained = on_drained
+        self.first_finished: float | None = None
+        self.drained = False
+        self._last: Progress | None = None
+        self._logged: Progress | None = None
+        self._logged_at = 0.0
+        self._open = False  # a live line is on the terminal, without its newline yet
+
+    def show(self, progress: Progress) -> None:
+        now = time.monotonic()
+        if self.first_finished is None and progress.finished:
+            self.first_finished = now
+        self._last = progress
+        if self.tty:
+            # Redrawn in place: never wider than the terminal, or it would wrap.
+            width = shutil.get_terminal_size().columns - 1
+            self.stream.write(f"\r\033[K{progress.line(now - self.started)[:width]}")
+            self.stream.flush()
+            self._open = True
+        elif now - self._logged_at >= LOG_PROGRESS_INTERVAL:
+            self._log(progress, now)
+
+    def _log(self, progress: Progress, now: float) -> None:
+        if self._logged is None or progress.counts != self._logged.counts:
+            self.stream.write(progress.line(now - self.started) + "\n")
+            self.stream.flush()
+            self._logged, self._logged_at = progress, now
+
+    def end_line(self) -> None:
+        """Finish the live line, so that other output starts on a line of its own."""
+        if self.tty:
+            if self._open:
+                self.stream.write("\n")
+                self.stream.flush()
+                self._open = False
+        elif self._last is not None:
+            self._log(self._last, time.monotonic())
+
+    def mark_drained(self) -> None:
+        self.end_line()
+        self.drained = True
+        self.on_drained(self.first_finished)
+
+
+def run_until_drained(worker: Worker, reporter: ProgressReporter, *, since_id: int,
+                      exit_when_done: bool) -> int:
+    """Run ``worker`` in this thread while another one reports progress.
+
+    The queue is drained once no task is waiting, awaiting a retry or running, and every
+    schedule has produced its first run. ``Worker(burst=True)`` would stop as soon as nothing
+    is *due*, leaving behind the confirmations that wait a second for their retry; the
+    watcher stops the worker through ``Worker.stop()`` instead, when ``exit_when_done``.
+    """
+    finished = threading.Event()
+
+    def watch() -> None:
+        try:
+            while not finished.wait(DRAIN_CHECK_INTERVAL):
+                try:
+                    progress = current_progress(since_id)
+                    busy = progress.total != progress.finished or Schedule.objects.filter(
+                        enabled=True, last_task_id__isnull=True
+                    ).exists()
+                except (DatabaseError, InterfaceError):
+                    # The worker reports and rides out database errors; look again later.
+                    connections.close_all()
+                    continue
+                reporter.show(progress)
+                if not busy and not reporter.drained:
+                    reporter.mark_drained()
+                    if exit_when_done:
+                        worker.stop()
+                        return
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    watcher = threading.Thread(target=watch, name="demo-progress", daemon=True)
+    watcher.start()
+    try:
+        return worker.run()
+    finally:
+        finished.set()
+        watcher.join()
+        reporter.end_line()
+
+
+def current_progress(since_id: int) -> Progress:
+    """Counts of the tasks created after ``since_id`` (those of this run of the demo)."""
+    rows = (Task.objects.filter(id__gt=since_id).values_list("status")
+            .annotate(count=Count("id")).order_by())
+    return Progress(counts=dict(rows))
+
+
+def quiet_logs() -> None:
+    """Keep the terminal for the progress line: one log line per task would drown it.
+
+    ``-v 2`` shows them all again.
+    """
+    for name in ("django_pgtasks", "shop", "django.server"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def describe_server(settings_dict: dict[str, Any]) -> str:
+    if is_embedded(settings_dict):
+        return f"the embedded development server (socket in {settings_dict['HOST']})"
+    host = settings_dict.get("HOST") or "localhost"
+    return f"the server at {host}:{settings_dict.get('PORT') or 5432}"
+
+
+def ensure_demo_user() -> None:
+    """Create the demo superuser, or give it back its demo password."""
+    user, _ = get_user_model().objects.get_or_create(
+        username=DEMO_USERNAME,
+        defaults={"email": "demo@example.com", "is_staff": True, "is_superuser": True},
+    )
+    user.set_password(DEMO_PASSWORD)
+    user.save(update_fields=["password"])
+
+
+def start_web_server(host: str, port: int) -> ThreadedWSGIServer:
+    """Serve the project (and, as ``runserver`` does with DEBUG, its static files) in a
+    background thread, on ``port`` or the next free one."""
+    application = get_internal_wsgi_application()
+    if settings.DEBUG:
+        application = StaticFilesHandler(application)
+    for candidate in range(port, port + PORT_ATTEMPTS):
+        try:
+            server = ThreadedWSGIServer((host, candidate), WSGIRequestHandler)
+            break
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or port == 0:
+                raise CommandError(f"Cannot serve on {host}:{candidate}: {exc}") from None
+    else:
+        raise CommandError(f"Ports {port} to {port + PORT_ATTEMPTS - 1} are all taken; "
+                           f"choose another with --addrport.")
+    server.set_app(application)
+    threading.Thread(target=server.serve_forever, name="demo-web", daemon=True).start()
+    return server
 
 
 def seed(order_count: int, rng: random.Random) -> Seeded:
@@ -174,14 +469,26 @@ def seed(order_count: int, rng: random.Random) -> Seeded:
     withdrawn = rng.sample(orders, min(len(orders), max(1, order_count // 25)))
     Order.objects.filter(pk__in=[order.pk for order in withdrawn]).delete()
 
-    # The nightly review batch covers the orders that remain.
+    # The nightly review batch covers the orders that remain, and every third one goes to
+    # the warehouse: a pipeline whose first stage enqueues the next when it succeeds.
     withdrawn_ids = {order.pk for order in withdrawn}
-    reviews = Task.objects.enqueue_many(
-        review_order.build(order.pk) for order in orders if order.pk not in withdrawn_ids
+    remaining = [order for order in orders if order.pk not in withdrawn_ids]
+    reviews = Task.objects.enqueue_many(review_order.build(order.pk) for order in remaining)
+    pipelines = Task.objects.enqueue_many(
+        pick_order.build(order.pk, stage="pick") for order in remaining[::PIPELINE_EVERY]
     )
+
+    # Returning customers get a coupon, through Django's own task API this time.
+    per_customer = Counter(order.customer_id for order in remaining)
+    coupons = 0
+    for customer_id, count in sorted(per_customer.items()):
+        if count >= COUPON_MIN_ORDERS:
+            send_loyalty_coupon.enqueue(customer_id, 5 if count < 2 * COUPON_MIN_ORDERS else 10)
+            coupons += 1
     return Seeded(
         customers=len(customers), orders=len(orders), withdrawn=len(withdrawn),
-        tasks=len(tasks) + len(reviews),
+        tasks=len(tasks) + len(reviews) + len(pipelines) + coupons,
+        pipelines=len(pipelines), coupons=coupons,
     )
 
 
@@ -198,41 +505,6 @@ def ensure_customers(count: int) -> list[Customer]:
     Customer.objects.bulk_create(wanted, ignore_conflicts=True)
     by_email = Customer.objects.in_bulk([c.email for c in wanted], field_name="email")
     return [by_email[c.email] for c in wanted]
-
-
-def drain(worker: Worker) -> int:
-    """Run ``worker`` until no task is waiting, awaiting a retry or running, then stop it.
-
-    ``Worker(burst=True)`` stops as soon as nothing is *due*, which would leave behind the
-    confirmations that wait a second for their retry. A watcher thread stops the worker
-    instead, through ``Worker.stop()``, once the queue holds nothing that will ever run.
-    """
-    finished = threading.Event()
-
-    def watch() -> None:
-        try:
-            while not finished.wait(DRAIN_CHECK_INTERVAL):
-                try:
-                    busy = (
-                        Task.objects.pending() | Task.objects.held_by(worker.worker_id)
-                    ).exists()
-                except (DatabaseError, InterfaceError):
-                    # The worker reports and rides out database errors; look again later.
-                    connections.close_all()
-                    continue
-                if not busy:
-                    worker.stop()
-                    return
-        finally:
-            connections.close_all()  # this thread's connections only
-
-    watcher = threading.Thread(target=watch, name="demo-drain-watcher", daemon=True)
-    watcher.start()
-    try:
-        return worker.run()
-    finally:
-        finished.set()
-        watcher.join()
 
 
 def libpq_params(settings_dict: dict[str, Any], dbname: str) -> dict[str, Any]:
@@ -271,7 +543,8 @@ def ensure_database(settings_dict: dict[str, Any]) -> bool:
             f"Cannot connect to the PostgreSQL server at {server}: {target_error}\n"
             f"Start a server there, or point DATABASE_URL "
             f"(postgres://USER:PASSWORD@HOST:PORT/{name}) or the PGHOST, PGPORT, PGUSER and "
-            f"PGPASSWORD variables at one."
+            f"PGPASSWORD variables at one, or unset DATABASE_URL, PGHOST and PGPORT to use "
+            f"the embedded development server."
         ) from None
     with maintenance:
         if maintenance.execute(
