@@ -322,8 +322,7 @@ class Migration(migrations.Migration):
                     models.BooleanField(
                         db_default=False,
                         default=False,
-                        help_text="Workers start no task of a paused queue; running tasks "
-                        "finish.",
+                        help_text="Workers start no task of a paused queue; running tasks finish.",
                         verbose_name="paused",
                     ),
                 ),

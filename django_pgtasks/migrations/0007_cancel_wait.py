@@ -52,8 +52,9 @@ DROP FUNCTION IF EXISTS pgtasks_notify_cancel();
 
 
 def _flag(verbose_name: str, help_text: str) -> models.BooleanField:
-    return models.BooleanField(db_default=False, default=False, help_text=help_text,
-                               verbose_name=verbose_name)
+    return models.BooleanField(
+        db_default=False, default=False, help_text=help_text, verbose_name=verbose_name
+    )
 
 
 CANCEL_HELP = "Cancelled while running: its worker was asked to stop it."
@@ -65,18 +66,24 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.AddField(
-            model_name="task", name="cancel_requested",
+            model_name="task",
+            name="cancel_requested",
             field=_flag("cancel requested", CANCEL_HELP),
         ),
         migrations.AddField(
-            model_name="task", name="awaited", field=_flag("awaited", AWAITED_HELP),
+            model_name="task",
+            name="awaited",
+            field=_flag("awaited", AWAITED_HELP),
         ),
         migrations.AddField(
-            model_name="archivedtask", name="cancel_requested",
+            model_name="archivedtask",
+            name="cancel_requested",
             field=_flag("cancel requested", CANCEL_HELP),
         ),
         migrations.AddField(
-            model_name="archivedtask", name="awaited", field=_flag("awaited", AWAITED_HELP),
+            model_name="archivedtask",
+            name="awaited",
+            field=_flag("awaited", AWAITED_HELP),
         ),
         migrations.RunSQL(SQL, REVERSE_SQL),
     ]
