@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
@@ -13,16 +12,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django_pgtasks import controls
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import PgTasksError
-
-
-def _positive_number(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, not {value}")
-    return number
+from django_pgtasks.management.arguments import positive
 
 
 class Command(BaseCommand):
@@ -57,7 +47,7 @@ class Command(BaseCommand):
         target.add_argument("--queue")
         target.add_argument("--key", help="A concurrency key (Task.concurrency_key).")
         limit.add_argument("limit", type=int, metavar="LIMIT")
-        limit.add_argument("period", type=_positive_number, metavar="PERIOD",
+        limit.add_argument("period", type=positive(float), metavar="PERIOD",
                            help="Seconds.")
         clear = actions.add_parser("clear-rate-limit",
                                    help="Remove the rate limit of a queue or a key.")

@@ -7,7 +7,6 @@ error, stuck tasks and workers.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections import defaultdict
@@ -22,23 +21,11 @@ from django.utils import timezone
 
 from django_pgtasks import dashboard, routing, stats
 from django_pgtasks.dashboard import seconds_text
+from django_pgtasks.management.arguments import positive
 
 #: Moves the cursor home and clears the terminal, as ``watch`` and ``top`` do.
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
-
-def _positive(kind: type) -> Any:
-    def parse(value: str) -> Any:
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-        if number <= 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, not {value}")
-        return number
-
-    parse.__name__ = kind.__name__
-    return parse
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "") -> str:
@@ -66,7 +53,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--hours", type=_positive(int), default=24,
+            "--hours", type=positive(int), default=24,
             help="Hours of history for throughput and run times, the current one included "
                  "(default: 24).",
         )
@@ -76,7 +63,7 @@ class Command(BaseCommand):
                  "(default: tables).",
         )
         parser.add_argument(
-            "--watch", type=_positive(float), default=None, metavar="SECONDS",
+            "--watch", type=positive(float), default=None, metavar="SECONDS",
             help="Refresh every SECONDS until interrupted, like top (default: print once).",
         )
         parser.add_argument(
