@@ -87,3 +87,16 @@ def fresh_claim_mode() -> Iterator[None]:
     claiming.forget_modes()
     yield
     claiming.forget_modes()
+
+
+@pytest.fixture
+def viewer_client(client):
+    """A staff member who may look at tasks but change nothing."""
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("viewer", password="unused", is_staff=True)
+    user.user_permissions.add(
+        Permission.objects.get(content_type__app_label="django_pgtasks", codename="view_task")
+    )
+    client.force_login(user)
+    return client

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 
+from django.db import connections
+
 from django_pgtasks.models import PENDING, Status, Task
+from django_pgtasks.worker import Worker
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 120, what: str = "") -> None:
@@ -31,3 +35,37 @@ def stop_processes(processes: Iterable[subprocess.Popen], timeout: float = 120) 
     for process in processes:
         process.send_signal(signal.SIGTERM)
     return [process.communicate(timeout=timeout)[0] for process in processes]
+
+
+def run_workers(workers: list[Worker], until: Callable[[], bool] | None = None,
+                timeout: float = 240) -> list[Worker]:
+    """Run each worker in a thread of its own; fail the test if one of them raised.
+
+    Without ``until`` the workers must end by themselves (``burst=True``); with it they are
+    stopped once ``until()`` holds.
+    """
+    errors: list[BaseException] = []
+
+    def run(worker: Worker) -> None:
+        try:
+            worker.run(install_signals=False)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    try:
+        if until is not None:
+            wait_until(until, timeout=timeout, what="the workers to finish")
+    finally:
+        if until is not None:
+            for w in workers:
+                w.stop()
+        for t in threads:
+            t.join(timeout)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a worker thread did not end"
+    return workers

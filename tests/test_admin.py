@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.http import HttpResponse
@@ -89,16 +88,6 @@ def run_action(
     confirmed = client.post(url, {**form, **data})
     return chosen, confirmed
 
-
-@pytest.fixture
-def viewer_client(client: Client) -> Client:
-    """A staff member who may look at tasks but change nothing."""
-    user = User.objects.create_user("viewer", password="unused", is_staff=True)
-    user.user_permissions.add(
-        Permission.objects.get(content_type__app_label="django_pgtasks", codename="view_task")
-    )
-    client.force_login(user)
-    return client
 
 
 # -- error-group filter -------------------------------------------------------------------

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.http import HttpResponse
@@ -59,15 +59,6 @@ def message_texts(response: HttpResponse) -> list[str]:
 def listed(response: HttpResponse) -> set[int]:
     return {task.pk for task in response.context["cl"].result_list}
 
-
-@pytest.fixture
-def viewer_client(client: Client) -> Client:
-    user = User.objects.create_user("viewer", password="unused", is_staff=True)
-    user.user_permissions.add(
-        Permission.objects.get(content_type__app_label="django_pgtasks", codename="view_task")
-    )
-    client.force_login(user)
-    return client
 
 
 # -- what the dashboard shows --------------------------------------------------------------

@@ -6,16 +6,15 @@ so a task run twice shows up as a duplicate, and a lost task as a missing id.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from django.db import connections
 from django.db.models import Count, F
 from django.db.models.functions import Now
 
 from django_pgtasks.models import CLAIM_ORDER, Status, Task
 from django_pgtasks.worker import Worker
+from tests.helpers import run_workers
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -25,26 +24,8 @@ N_TASKS = 10_000
 
 
 def run_workers_in_threads(worker_class: type[Worker], n: int) -> list[Worker]:
-    workers = [worker_class(worker_id=f"thread-{i}", burst=True, concurrency=1)
-               for i in range(n)]
-    errors: list[BaseException] = []
-
-    def run(worker: Worker) -> None:
-        try:
-            worker.run(install_signals=False)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    assert not errors
-    return workers
-
+    return run_workers([worker_class(worker_id=f"thread-{i}", burst=True, concurrency=1)
+                        for i in range(n)], timeout=600)
 
 def execution_counts() -> tuple[int, int]:
     total = Execution.objects.count()

@@ -20,7 +20,7 @@ from django_pgtasks import claiming
 from django_pgtasks.exceptions import InvalidTaskError
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker import Worker
-from tests.helpers import all_finished, stop_processes, wait_until
+from tests.helpers import all_finished, run_workers, stop_processes, wait_until
 from tests.testapp import limited, tasks
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_claim_mode")]
@@ -246,30 +246,8 @@ def enqueue_gauge_workload(keyed: bool) -> None:
 
 
 def run_worker_threads(n: int, concurrency: int) -> list[Worker]:
-    workers = [Worker(worker_id=f"t{i}", concurrency=concurrency) for i in range(n)]
-    errors: list[BaseException] = []
-
-    def run(worker: Worker) -> None:
-        try:
-            worker.run(install_signals=False)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
-    for t in threads:
-        t.start()
-    try:
-        wait_until(all_finished, timeout=240)
-    finally:
-        for w in workers:
-            w.stop()
-        for t in threads:
-            t.join(60)
-    assert not errors
-    return workers
-
+    return run_workers([Worker(worker_id=f"t{i}", concurrency=concurrency) for i in range(n)],
+                       until=all_finished, timeout=240)
 
 @pytest.fixture
 def gauge(transactional_db: None) -> None:

@@ -8,13 +8,12 @@ same workload run without the limit, which shows it can fail.
 
 from __future__ import annotations
 
-import threading
 from datetime import datetime, timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection
 from django.utils import timezone
 
 from django_pgtasks import claiming, controls
@@ -22,7 +21,7 @@ from django_pgtasks.controls import KeyRateLimit, QueueControl
 from django_pgtasks.exceptions import InvalidTaskError, UnknownQueueError
 from django_pgtasks.models import Task
 from django_pgtasks.worker import Worker
-from tests.helpers import all_finished, stop_processes, wait_until
+from tests.helpers import all_finished, run_workers, stop_processes, wait_until
 from tests.testapp import limited, tasks
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_claim_mode")]
@@ -161,20 +160,8 @@ RATE, PERIOD, N_TASKS = 4, timedelta(seconds=1), 14
 
 
 def run_worker_threads(n: int, concurrency: int) -> None:
-    workers = [Worker(worker_id=f"t{i}", concurrency=concurrency) for i in range(n)]
-    threads = [threading.Thread(target=w.run, kwargs={"install_signals": False})
-               for w in workers]
-    for t in threads:
-        t.start()
-    try:
-        wait_until(all_finished)
-    finally:
-        for w in workers:
-            w.stop()
-        for t in threads:
-            t.join(60)
-        connections.close_all()
-
+    run_workers([Worker(worker_id=f"t{i}", concurrency=concurrency) for i in range(n)],
+                until=all_finished, timeout=120)
 
 def start_times() -> list[datetime]:
     return list(Task.objects.succeeded().values_list("started_at", flat=True))
