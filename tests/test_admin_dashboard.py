@@ -455,3 +455,15 @@ def test_requeue_from_the_dashboard_takes_the_failures_it_counted(admin_client: 
 def test_requeue_refuses_a_bad_window(admin_client: Client, since: str) -> None:
     response = admin_client.get(REQUEUE, {"group": "x", "since": since})
     assert response.status_code == 404
+
+
+def test_pages_lead_back_through_their_breadcrumbs(admin_client: Client) -> None:
+    insert(1, status=Status.FAILED, error="LookupError: order ")
+    dashboard_page = admin_client.get(DASHBOARD).content.decode()
+    requeue_page = admin_client.post(REQUEUE, {"group": "LookupError: order N"}).content.decode()
+    crumbs = [page[page.index('class="breadcrumbs"'):].split("</ol>")[0].split("</div>")[0]
+              for page in (dashboard_page, requeue_page)]
+    assert f'href="{CHANGELIST}"' in crumbs[0]
+    assert "Task queue dashboard" in crumbs[0]
+    assert f'href="{DASHBOARD}"' in crumbs[1]
+    assert "Dashboard" in crumbs[1]
