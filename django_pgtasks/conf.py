@@ -42,6 +42,12 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 256 * 1024,
     # Deepest accepted nesting of lists/dicts in a payload.
     "MAX_PAYLOAD_DEPTH": 32,
+    # Largest accepted result of a task, as JSON, in bytes; a larger one fails its task with
+    # UnstorableResultError (results live in the task row; store big outputs elsewhere).
+    "MAX_RESULT_BYTES": 1024 * 1024,
+    # Times a task may be interrupted (its worker died, shut down or lost its database
+    # connection) and run again without spending an attempt, before it fails for good.
+    "MAX_INTERRUPTIONS": 5,
     # Worker threads per worker process.
     "CONCURRENCY": 4,
     # Tasks a worker claims beyond its free threads, so the next task is at hand the moment a

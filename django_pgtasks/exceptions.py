@@ -89,6 +89,51 @@ class Snooze(PgTasksError):
 MAX_SNOOZE_SECONDS = 366 * 24 * 3600
 
 
+class UnstorableResultError(FatalError, TypeError):
+    """A handler returned a value PostgreSQL cannot store as the task's result.
+
+    A NUL character or a lone surrogate anywhere in it (keys included), a number ``jsonb``
+    cannot hold, or more than ``PGTASKS["MAX_RESULT_BYTES"]`` of JSON. The task ends
+    ``FAILED`` with this error, naming what was wrong and where; it is not retried, since the
+    same code would return the same value again.
+    """
+
+
+class TaskInterrupted(PgTasksError):
+    """A run ended without its handler failing: the worker died, shut down, or lost its
+    database connection, or the handler's code could not be imported.
+
+    An interrupted task is run again in its original place in the queue without spending
+    an attempt, up to ``PGTASKS["MAX_INTERRUPTIONS"]`` times; then it fails with
+    :class:`TooManyInterruptions`. The subclasses name the cause in the recorded error.
+    """
+
+
+class WorkerLost(TaskInterrupted):
+    """The worker running the task stopped (killed, host lost, connection gone, hung); the
+    rescue of abandoned tasks gave the task back."""
+
+
+class WorkerShutdown(TaskInterrupted):
+    """The worker shut down (SIGTERM past its grace period) before the task finished."""
+
+
+class ConnectionLost(TaskInterrupted):
+    """The handler's database connection was lost or refused (the server restarted, the
+    backend was terminated, too many clients)."""
+
+
+class HandlerImportError(TaskInterrupted):
+    """The module of the task's handler failed to import (a deploy in progress, a missing
+    dependency). Logged with its traceback; the task runs again, with the interruption
+    budget as its bound."""
+
+
+class TooManyInterruptions(PgTasksError):
+    """The task was interrupted ``PGTASKS["MAX_INTERRUPTIONS"]`` times and ends ``FAILED``:
+    it may be what kills its worker (out of memory, a crash in native code)."""
+
+
 class TaskWaitTimeout(PgTasksError, TimeoutError):
     """``Task.objects.wait()`` gave up: the task had not finished within ``timeout`` seconds.
 
