@@ -3,7 +3,9 @@
 Recording each success in its own transaction costs one commit (one WAL flush) per task, and
 the worker thread waits for it before starting the next task. A :class:`Completer` takes
 successes from the pool threads, so they move straight on, and records everything that
-arrived within ``COMPLETION_WINDOW`` seconds in one guarded UPDATE.
+arrived within ``COMPLETION_WINDOW`` seconds in one guarded UPDATE, through the worker's
+:class:`~django_pgtasks.transitions.Recorder` (so a batch holding one result the database
+refuses is split, and only that task fails).
 
 The trade-off, and why it only applies to the default (at-least-once) mode: a success that is
 waiting in the window when the worker process dies is not recorded, so that task is rescued
@@ -22,25 +24,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import connections
 
-from .models import Task
+from .transitions import Recorder, Succeeded
 
 logger = logging.getLogger("django_pgtasks.worker")
 
-#: A success waiting to be recorded, and what to call once it is (with "was it recorded?").
-Entry = tuple[Task, Any, Callable[[bool], None]]
+#: A success waiting to be recorded, and what to call once it is (with the task's new status:
+#: ``""`` if it was no longer held, ``None`` if nothing could be recorded).
+Entry = tuple[Any, Any, Callable[[str | None], None]]
 
 
 class Completer:
-    def __init__(self, using: str, window: float, max_batch: int, pause: float,
-                 max_pause: float, give_up: threading.Event) -> None:
-        self.using = using
+    def __init__(self, window: float, max_batch: int, recorder: Recorder, *,
+                 on_unrecorded: Callable[[], None]) -> None:
         self.window = window
         self.max_batch = max_batch
-        self.pause = pause
-        self.max_pause = max_pause
-        self.give_up = give_up
+        self.recorder = recorder
+        self.on_unrecorded = on_unrecorded
         self._queue: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
         self._pending: set[int] = set()
         self._lock = threading.Lock()
@@ -48,7 +49,7 @@ class Completer:
                                         daemon=True)
         self._thread.start()
 
-    def add(self, task: Task, result: Any, done: Callable[[bool], None]) -> None:
+    def add(self, task: Any, result: Any, done: Callable[[str | None], None]) -> None:
         with self._lock:
             self._pending.add(task.pk)
         self._queue.put((task, result, done))
@@ -86,26 +87,18 @@ class Completer:
             connections.close_all()
 
     def _flush(self, batch: list[Entry]) -> None:
-        outcomes = [(task, result) for task, result, _ in batch]
-        pause = self.pause
-        while True:
-            try:
-                recorded = Task.objects.mark_many_succeeded(outcomes, using=self.using)
-                break
-            except (DatabaseError, InterfaceError) as exc:
-                logger.warning("Database error while recording %d success(es): %s",
-                               len(batch), exc)
-                connections[self.using].close()
-            if self.give_up.wait(pause):
-                logger.error("Exiting before %d success(es) could be recorded; those tasks "
-                             "will be rescued and run again.", len(batch))
-                recorded = set()
-                break
-            pause = min(pause * 2, self.max_pause)
+        try:
+            statuses = self.recorder.record(
+                [(task, Succeeded(result)) for task, result, _ in batch])
+        except Exception:  # a defect in recording itself: leave the tasks to the orphan check
+            logger.exception("Error while recording %d success(es).", len(batch))
+            statuses = {}
         with self._lock:
             self._pending.difference_update(task.pk for task, _, _ in batch)
+        if any(statuses.get(task.pk) is None for task, _, _ in batch):
+            self.on_unrecorded()
         for task, _, done in batch:
             try:
-                done(task.pk in recorded)
+                done(statuses.get(task.pk))
             except Exception:
                 logger.exception("Error after recording task id=%s.", task.pk)

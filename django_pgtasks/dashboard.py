@@ -31,10 +31,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from .conf import pgtasks_settings
-from .liveness import LOST_WORKER_SQL, _timings
 from .models import LIVE, Task
 from .routing import queues_on
 from .stats import QueueSize
+from .transitions import LOST_WORKER_SQL, lost_worker_params
 
 #: Characters of a normalized first error line that name its group. Bounds the links the
 #: dashboard builds and the values the error-group filter accepts.
@@ -456,7 +456,7 @@ def stuck_tasks(using: str) -> tuple[list[StuckTask], int]:
 def workers(using: str) -> list[WorkerRow]:
     """Registered worker processes, with their liveness by the rescue's rules."""
     with _cursor(using) as cursor:
-        cursor.execute(WORKERS_SQL, _timings())
+        cursor.execute(WORKERS_SQL, lost_worker_params())
         rows = cursor.fetchall()
     # jsonb arrives as text on a plain cursor.
     return [WorkerRow(name, host, pid, json.loads(queues) if isinstance(queues, str) else queues,

@@ -5,7 +5,7 @@ one the ORM uses for tasks), takes a *session-level advisory lock* keyed by that
 refreshes ``last_seen_at`` every ``HEARTBEAT_INTERVAL`` seconds — one small UPDATE per worker,
 never per task.
 
-A running task is **abandoned** when one of these holds (``abandoned_condition``):
+A running task is **abandoned** when one of these holds (``transitions.ABANDONED_SQL``):
 
 (a) its worker's lock is gone *and* the worker has been silent for ``RESCUE_GRACE`` seconds.
     PostgreSQL drops a session's locks the moment its connection ends, so a killed process,
@@ -19,8 +19,9 @@ A running task is **abandoned** when one of these holds (``abandoned_condition``
     ``WORKER_TIMEOUT``: tasks claimed by code that is not a ``run_pgtasks`` worker.
 
 Rescue runs inside the workers every ``RESCUE_INTERVAL`` seconds, one worker at a time (a
-transaction-level advisory lock), and as ``manage.py pgtasks_rescue``. It gives each abandoned
-task back for another attempt (the lost attempt counts) or fails it when no attempt is left.
+transaction-level advisory lock), and as ``manage.py pgtasks_rescue``. Each abandoned task's
+run was *interrupted* (``transitions.RESCUE_SQL``): the task goes back to its original place in
+the queue without spending an attempt, up to ``MAX_INTERRUPTIONS`` times.
 The worker that lost the task cannot record an outcome for it any more: completions are
 guarded by ``status = 'RUNNING' AND locked_by = <worker>``.
 """
@@ -36,80 +37,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
-from django.db.models import BooleanField
-from django.db.models.expressions import RawSQL
 
 from . import maintenance
 from .conf import pgtasks_settings
-from .models import append_error_sql
+from .transitions import (
+    ABANDONED_SQL,
+    LOCK_NAMESPACE,
+    LOST_WORKER_SQL,
+    RESCUE_SQL,
+    abandoned_params,
+    lock_key,
+    lost_worker_params,
+    rescue_params,
+)
 
 logger = logging.getLogger("django_pgtasks.liveness")
 
-#: First key of every advisory lock django-pgtasks takes ("pgts"), so they are easy to tell
-#: apart from an application's own advisory locks in pg_locks.
-LOCK_NAMESPACE = 0x70677473
 #: Second key of the lock that serializes rescue passes (worker lock keys start at 1).
 RESCUE_LOCK_KEY = 0
-MAX_INT4 = 2**31 - 1
 
+__all__ = ["LOCK_NAMESPACE", "LOST_WORKER_SQL", "Liveness", "lock_key", "rescue"]
 
-def lock_key(worker_pk: int) -> int:
-    """The second advisory-lock key (an int4) for a worker row id."""
-    return (worker_pk - 1) % (MAX_INT4 - 1) + 1
-
-
-# A worker is lost if (a) its liveness lock is not held by any session of this database and it
-# has been silent for the grace period, or (b) it has been silent for the worker timeout.
-LOST_WORKER_SQL = f"""
-    (w.last_seen_at < now() - make_interval(secs => %s)
-     AND w.lock_key IS NOT NULL
-     AND NOT EXISTS (
-         SELECT 1 FROM pg_locks l
-         WHERE l.locktype = 'advisory' AND l.granted
-           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND l.classid = {LOCK_NAMESPACE} AND l.objid = w.lock_key AND l.objsubid = 2))
-    OR w.last_seen_at < now() - make_interval(secs => %s)
-"""
-
-# A running task is abandoned if its worker is lost, or (c) no registered worker has its name
-# and its lease is older than the worker timeout. Reads only RUNNING rows (a partial index).
-ABANDONED_SQL = f"""
-    "pgtasks_task"."locked_by" IN (SELECT w.name FROM pgtasks_worker w WHERE {LOST_WORKER_SQL})
-    OR (NOT EXISTS (SELECT 1 FROM pgtasks_worker w WHERE w.name = "pgtasks_task"."locked_by")
-        AND "pgtasks_task"."locked_at" < now() - make_interval(secs => %s))
-"""
-
-
-def _timings() -> list[float]:
-    s = pgtasks_settings
-    return [float(s.RESCUE_GRACE), float(s.WORKER_TIMEOUT)]
-
-
-def abandoned_condition() -> RawSQL:
-    """A filter expression for ``Task`` rows whose worker is lost or whose lease expired."""
-    return RawSQL(ABANDONED_SQL, [*_timings(), float(pgtasks_settings.WORKER_TIMEOUT)],
-                  output_field=BooleanField())
-
-
-RESCUE_SQL = f"""
-    WITH lost AS (
-        SELECT id, 'django_pgtasks.WorkerLost: worker ' || locked_by
-               || ' stopped while running attempt ' || attempt || ' (process killed, '
-               || 'connection lost or hung); the task was rescued.' AS error
-        FROM pgtasks_task WHERE status = 'RUNNING' AND ({ABANDONED_SQL})
-        FOR UPDATE SKIP LOCKED
-    )
-    UPDATE pgtasks_task SET
-        status = CASE WHEN rerun_requested THEN 'READY'
-                      WHEN attempt < max_attempts THEN 'AWAITING_RETRY' ELSE 'FAILED' END,
-        attempt = CASE WHEN rerun_requested THEN 0 ELSE attempt END,
-        rerun_requested = false,
-        run_after = now(), finished_at = now(), locked_at = NULL, updated_at = now(),
-        error_text = lost.error,
-        errors = {append_error_sql("lost.error")}
-    FROM lost WHERE pgtasks_task.id = lost.id
-    RETURNING pgtasks_task.id, pgtasks_task.name, pgtasks_task.locked_by, pgtasks_task.status
-"""
+#: Which of the given running tasks of a worker were asked to stop (heartbeat safety net).
+CANCEL_REQUESTS_SQL = (
+    "SELECT id FROM pgtasks_task WHERE id = ANY(%s) AND status = 'RUNNING' "
+    "AND locked_by = %s AND cancel_requested"
+)
 
 # Rows of lost workers are removed once their tasks were rescued (in the same transaction).
 FORGET_LOST_WORKERS_SQL = f"DELETE FROM pgtasks_worker w WHERE {LOST_WORKER_SQL} RETURNING name"
@@ -129,7 +82,6 @@ def rescue(using: str | None = None, *, dry_run: bool = False) -> list[Rescued] 
     With ``dry_run`` nothing changes and the abandoned tasks are listed as they are.
     """
     alias = using or pgtasks_settings.DATABASE
-    params = [*_timings(), float(pgtasks_settings.WORKER_TIMEOUT)]
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)",
                        [LOCK_NAMESPACE, RESCUE_LOCK_KEY])
@@ -138,11 +90,12 @@ def rescue(using: str | None = None, *, dry_run: bool = False) -> list[Rescued] 
         if dry_run:
             cursor.execute(
                 f"SELECT id, name, locked_by, status FROM pgtasks_task "
-                f"WHERE status = 'RUNNING' AND ({ABANDONED_SQL}) ORDER BY id", params)
+                f"WHERE status = 'RUNNING' AND ({ABANDONED_SQL}) ORDER BY id",
+                abandoned_params())
             return [Rescued(*row) for row in cursor.fetchall()]
-        cursor.execute(RESCUE_SQL, params)
+        cursor.execute(RESCUE_SQL, rescue_params())
         rescued = [Rescued(*row) for row in cursor.fetchall()]
-        cursor.execute(FORGET_LOST_WORKERS_SQL, _timings())
+        cursor.execute(FORGET_LOST_WORKERS_SQL, lost_worker_params())
         lost = [row[0] for row in cursor.fetchall()]
     for name in lost:
         count = sum(1 for r in rescued if r.worker == name)
@@ -224,6 +177,20 @@ class Liveness:
             logger.error("Worker %s: heartbeat failed: %s", self.name, exc)
             self.close()
             return False
+
+    def cancel_requests(self, ids: list[int]) -> list[int]:
+        """Which of the running tasks ``ids`` of this worker were asked to stop; on the
+        liveness connection (the safety net for a lost ``NOTIFY``). ``[]`` on error."""
+        if not ids or self._connection is None:
+            return []
+        try:
+            with self._cursor() as cursor:
+                cursor.execute(CANCEL_REQUESTS_SQL, [ids, self.name])
+                return [row[0] for row in cursor.fetchall()]
+        except (DatabaseError, InterfaceError) as exc:
+            logger.error("Worker %s: could not look for cancelled tasks: %s", self.name, exc)
+            self.close()
+            return []
 
     def unregister(self) -> None:
         try:

@@ -15,11 +15,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, models, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import F, Q, Value
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Greatest, Now
 from django.utils.translation import gettext_lazy as _
 
-from . import claiming
+from . import claiming, transitions
 from .conf import pgtasks_settings
 from .exceptions import InvalidTaskError
 from .payload import normalize_payload, serialize_payload
@@ -129,9 +130,9 @@ class TaskQuerySet(models.QuerySet):
 
         See :mod:`django_pgtasks.liveness` for the rules.
         """
-        from .liveness import abandoned_condition
-
-        return self.running().filter(abandoned_condition())
+        abandoned = RawSQL(transitions.ABANDONED_SQL, transitions.abandoned_params(),
+                           output_field=models.BooleanField())
+        return self.running().filter(abandoned)
 
     # -- operator actions: guarded UPDATEs; only cancel() touches a RUNNING task (flags it) ---
 
@@ -466,12 +467,13 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         # Plain or controlled (keys, rate limits, pauses): see django_pgtasks.claiming.
         return claiming.claim(self, worker_id, queues, limit, db)
 
-    # -- finishing (all guarded: the row must still be RUNNING under this worker's lease —
-    #    its id and the claim's locked_at; anything else means the task was taken away) ----
+    # -- ending a run: thin faces of django_pgtasks.transitions, where each statement is
+    #    written and explained once. All are guarded by the run's lease (the worker and the
+    #    claim's locked_at): ``False`` (or a missing id) means the task was no longer held.
 
     def mark_succeeded(self, task: Task, result: Any = None, using: str | None = None) -> bool:
         """Record success; ``False`` if the worker no longer held the task (nothing changed)."""
-        return self._finish(task, using, status=Status.SUCCESSFUL, result=result, error_text="")
+        return self._end(task, transitions.Succeeded(result), using)
 
     def mark_failed(
         self, task: Task, error_text: str, *, retry_delay: float | None,
@@ -483,47 +485,20 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         ``now() + retry_delay`` on the database clock; otherwise (``None``: a fatal error, or
         no attempts left) it ends ``FAILED``. ``False`` if the worker no longer held the task.
         """
-        error_text = truncate_error(error_text)
-        history = {"errors": AppendError(error_text)}
-        if retry_delay is None:
-            return self._finish(task, using, status=Status.FAILED, error_text=error_text,
-                                **history)
-        can_retry = Q(attempt__lt=F("max_attempts"))
-        return self._finish(
-            task, using,
-            status=Case(When(can_retry, then=Value(Status.AWAITING_RETRY)),
-                        default=Value(Status.FAILED)),
-            run_after=Case(When(can_retry, then=Now() + Value(timedelta(seconds=retry_delay))),
-                           default=F("run_after")),
-            error_text=error_text,
-            **history,
-        )
+        return self._end(task, transitions.Failed(error_text, retry_delay), using)
 
     def mark_many_succeeded(
         self, outcomes: Sequence[tuple[Task, Any]], using: str | None = None
     ) -> set[int]:
         """Record several successes in one statement; return the ids that were recorded.
 
-        Each row is guarded like :meth:`mark_succeeded` (still RUNNING under the same lease:
-        the worker and the claim's ``locked_at``); ids missing from the result were not.
+        Each row is guarded like :meth:`mark_succeeded`; ids missing from the result were not.
         """
         if not outcomes:
             return set()
-        tasks = [task for task, _result in outcomes]
-        ids = [task.pk for task in tasks]
-        results = [None if r is None else json.dumps(r) for _task, r in outcomes]
-        workers = [task.locked_by for task in tasks]
-        with connections[self._task_db(tasks[0], using)].cursor() as cursor:
-            cursor.execute(MARK_MANY_SUCCEEDED_SQL,
-                           [ids, results, workers, [task.locked_at for task in tasks]])
-            recorded = {row[0] for row in cursor.fetchall()}
-        for task in tasks:
-            if task.pk not in recorded:
-                logger.warning(
-                    "Task id=%s name=%s was no longer held by worker %s when it finished; "
-                    "its outcome was not recorded.", task.pk, task.name, task.locked_by,
-                )
-        return recorded
+        db = self._task_db(outcomes[0][0], using)
+        runs = [(task, transitions.Succeeded(result)) for task, result in outcomes]
+        return set(transitions.write(db, runs))
 
     def unclaim(self, tasks: Sequence[Task], using: str | None = None) -> int:
         """Give back claimed tasks that never started, as if they had not been claimed.
@@ -533,25 +508,19 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         """
         if not tasks:
             return 0
-        with connections[self._task_db(tasks[0], using)].cursor() as cursor:
-            cursor.execute(UNCLAIM_SQL, [[t.pk for t in tasks], [t.locked_by for t in tasks],
-                                         [t.locked_at for t in tasks]])
-            return cursor.rowcount
+        return len(transitions.unclaim(self._task_db(tasks[0], using), tasks))
 
     def release(self, task: Task, reason: str, using: str | None = None) -> bool:
-        """Give a running task back for another attempt at once (e.g. on worker shutdown).
-
-        The interrupted attempt counts; a task that has no attempts left ends ``FAILED``.
-        """
-        return self.mark_failed(task, reason, retry_delay=0.0, using=using)
+        """Give a running task back because its run was interrupted (e.g. its worker shuts
+        down): the attempt is not counted, the task keeps its place in the queue, and one
+        interruption is counted (past ``PGTASKS["MAX_INTERRUPTIONS"]`` it ends ``FAILED``).
+        ``reason`` is recorded as the attempt's error text."""
+        return self._end(task, transitions.Interrupted(reason), using)
 
     def mark_cancelled(self, task: Task, error_text: str = "", using: str | None = None) -> bool:
         """Record that a running task stopped because it was cancelled: it ends ``CANCELLED``
         (never retried). ``False`` if the worker no longer held the task (nothing changed)."""
-        error_text = truncate_error(error_text)
-        history = {"errors": AppendError(error_text)} if error_text else {}
-        return self._finish(task, using, status=Status.CANCELLED, error_text=error_text,
-                            cancel_requested=False, **history)
+        return self._end(task, transitions.Cancelled(error_text), using)
 
     def mark_snoozed(self, task: Task, seconds: float, using: str | None = None) -> bool:
         """Put a running task back to wait ``seconds`` (database clock) without using up an
@@ -561,10 +530,16 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         key was enqueued again while it ran is due at once, like any re-run. ``False`` if the
         worker no longer held the task (nothing changed).
         """
-        with connections[self._task_db(task, using)].cursor() as cursor:
-            cursor.execute(MARK_SNOOZED_SQL, [float(seconds), task.pk, task.locked_by,
-                                              task.locked_at])
-            return bool(cursor.rowcount)
+        return self._end(task, transitions.Snoozed(seconds), using)
+
+    def _end(self, task: Task, outcome: transitions.Outcome, using: str | None) -> bool:
+        recorded = transitions.write(self._task_db(task, using), [(task, outcome)])
+        if not recorded:
+            logger.warning(
+                "Task id=%s name=%s was no longer held by worker %s when it finished; "
+                "its outcome was not recorded.", task.pk, task.name, task.locked_by,
+            )
+        return bool(recorded)
 
     def wait(
         self,
@@ -588,44 +563,6 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         db = self._task_db(task, using) if isinstance(task, Task) else self._db_alias(using)
         return wait_for_task(pk, timeout, using=db, poll_interval=poll_interval)
 
-    def _finish(self, task: Task, using: str | None, **changes: Any) -> bool:
-        updated = (
-            self.db_manager(self._task_db(task, using))
-            # The lease: this worker's claim of this attempt (locked_at is set by each claim,
-            # so a later claim of the same task, even by the same worker, does not match).
-            .filter(pk=task.pk, locked_at=task.locked_at)
-            .held_by(task.locked_by)
-            .update(finished_at=Now(), locked_at=None, updated_at=Now(),
-                    **_with_rerun(changes))
-        )
-        if not updated:
-            logger.warning(
-                "Task id=%s name=%s was no longer held by worker %s when it finished; "
-                "its outcome was not recorded.", task.pk, task.name, task.locked_by,
-            )
-        return bool(updated)
-
-
-def _with_rerun(changes: dict[str, Any]) -> dict[str, Any]:
-    """Wrap a finishing UPDATE so that a task whose key was enqueued again while it ran goes
-    back to READY (attempts counted afresh, due now) instead of its end state."""
-    rerun = Q(rerun_requested=True)
-
-    def unless_rerun(field: str, value: Any, then: Any) -> Case:
-        default = value if hasattr(value, "resolve_expression") else Value(value)
-        return Case(When(rerun, then=then), default=default,
-                    output_field=Task._meta.get_field(field))
-
-    return {
-        **changes,
-        "status": unless_rerun("status", changes["status"], Value(Status.READY)),
-        "attempt": unless_rerun("attempt", F("attempt"), Value(0)),
-        "run_after": unless_rerun("run_after", changes.get("run_after", F("run_after")), Now()),
-        "rerun_requested": False,
-    }
-
-
-
 
 # Inserts one task per element of the column arrays; run_after is the given time, else the
 # delay from the statement's database time, else that time itself (as for a single INSERT).
@@ -644,55 +581,6 @@ ENQUEUE_MANY_SQL = """
          AS v(name, queue, args, kwargs, priority, max_attempts, run_after, delay, metadata,
               key, stage, concurrency_key, concurrency_limit)
     RETURNING id, run_after, created_at
-"""
-
-# Records a batch of successes: one guarded UPDATE joined with the arrays of ids, JSON results
-# (NULL for None), the workers that ran them and their leases (the claims' locked_at). A task
-# whose key was enqueued again while it ran goes back to READY for one more run instead.
-MARK_MANY_SUCCEEDED_SQL = """
-    UPDATE pgtasks_task t SET
-        status = CASE WHEN t.rerun_requested THEN 'READY' ELSE 'SUCCESSFUL' END,
-        attempt = CASE WHEN t.rerun_requested THEN 0 ELSE t.attempt END,
-        run_after = CASE WHEN t.rerun_requested THEN now() ELSE t.run_after END,
-        rerun_requested = false, result = v.result::jsonb, error_text = '',
-        finished_at = now(), locked_at = NULL, updated_at = now()
-    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::timestamptz[])
-         AS v(id, result, worker, leased_at)
-    WHERE t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker
-      AND t.locked_at = v.leased_at
-    RETURNING t.id
-"""
-
-# Snoozes a running task (guarded by its lease): due again after the given seconds on the
-# database clock, its attempt given back (and the worker id recorded for it), the snooze
-# counted in metadata. A cancellation requested meanwhile wins; a key re-run is due at once.
-MARK_SNOOZED_SQL = """
-    UPDATE pgtasks_task t SET
-        status = CASE WHEN t.cancel_requested AND NOT t.rerun_requested THEN 'CANCELLED'
-                      ELSE 'READY' END,
-        attempt = CASE WHEN t.rerun_requested THEN 0 ELSE greatest(t.attempt - 1, 0) END,
-        run_after = CASE WHEN t.rerun_requested THEN now()
-                         ELSE now() + make_interval(secs => %s) END,
-        worker_ids = t.worker_ids - (jsonb_array_length(t.worker_ids) - 1),
-        metadata = CASE WHEN jsonb_typeof(t.metadata) = 'object'
-                        THEN t.metadata || jsonb_build_object(
-                            'snoozes', coalesce((t.metadata ->> 'snoozes')::int, 0) + 1)
-                        ELSE t.metadata END,
-        cancel_requested = t.cancel_requested AND NOT t.rerun_requested,
-        rerun_requested = false, finished_at = now(), locked_at = NULL, updated_at = now()
-    WHERE t.id = %s AND t.status = 'RUNNING' AND t.locked_by = %s AND t.locked_at = %s
-"""
-
-# Undoes claims of tasks that never started: the attempt and its worker id are taken back.
-UNCLAIM_SQL = """
-    UPDATE pgtasks_task t SET
-        status = CASE WHEN t.attempt > 1 THEN 'AWAITING_RETRY' ELSE 'READY' END,
-        attempt = t.attempt - 1, locked_at = NULL, started_at = NULL, updated_at = now(),
-        worker_ids = t.worker_ids - (jsonb_array_length(t.worker_ids) - 1),
-        rerun_requested = false
-    FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[]) AS v(id, worker, leased_at)
-    WHERE t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker
-      AND t.locked_at = v.leased_at
 """
 
 # Enqueue with a deduplication key: insert, or fold the request into the live task that has
@@ -722,47 +610,8 @@ UPSERT_KEYED_SQL = """
     RETURNING t.*, (t.xmax = 0) AS inserted
 """
 
-#: Failed attempts kept in ``Task.errors`` (the oldest are dropped first).
-ERROR_HISTORY_LENGTH = 20
-
-
-def append_error_sql(error: str = "%s", table: str = "pgtasks_task") -> str:
-    """SQL for ``errors`` plus one ``{"attempt", "error", "at"}`` entry for the attempt that
-    just failed, keeping the last ERROR_HISTORY_LENGTH entries; ``at`` is the database clock.
-    ``error`` is a placeholder or an SQL expression giving the (already bounded) text."""
-    return (
-        f"jsonb_path_query_array({table}.errors || jsonb_build_array(jsonb_build_object("
-        f"'attempt', {table}.attempt, 'error', ({error})::text, 'at', now())), "
-        f"'$[last - {ERROR_HISTORY_LENGTH - 1} to last]')"
-    )
-
-
-class AppendError(models.expressions.RawSQL):
-    """``errors = <errors plus one entry for the failed attempt>``, in the UPDATE itself."""
-
-    def __init__(self, error_text: str) -> None:
-        super().__init__(append_error_sql(), [error_text], output_field=models.JSONField())
-
-
 def _first(*values: Any) -> Any:
     return next(v for v in values if v is not None)
-
-
-def truncate_error(text: str) -> str:
-    """Bound ``text`` to ``PGTASKS["ERROR_TEXT_LIMIT"]`` characters, keeping head and tail.
-
-    The head holds the exception type and message, the tail the innermost frames; the middle
-    of a long traceback is replaced by a marker saying how much was cut.
-    """
-    limit = pgtasks_settings.ERROR_TEXT_LIMIT
-    text = text.replace("\x00", "\\x00")
-    if len(text) <= limit:
-        return text
-    marker = "\n[... {} characters cut ...]\n"
-    keep = max(limit - len(marker.format(len(text))), 0)
-    head = keep // 3
-    tail = keep - head
-    return text[:head] + marker.format(len(text) - keep) + (text[-tail:] if tail else "")
 
 
 class WorkerProcess(models.Model):
@@ -850,6 +699,11 @@ class TaskFields(models.Model):
         help_text=_("Most tasks of the concurrency key that may run at once (with the key)."),
     )
     metadata = models.JSONField(_("metadata"), default=dict, blank=True)
+    interruptions = models.PositiveSmallIntegerField(
+        _("interruptions"), default=0, db_default=0,
+        help_text=_("Runs cut off by a lost, stopped or disconnected worker; they spend no "
+                    "attempt (at most PGTASKS['MAX_INTERRUPTIONS'])."),
+    )
     rerun_requested = models.BooleanField(
         _("re-run requested"), default=False, db_default=False,
         help_text=_("Enqueued again under its key while running: runs once more after."),

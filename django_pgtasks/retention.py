@@ -37,8 +37,8 @@ from django.db.transaction import TransactionManagementError
 
 from . import maintenance
 from .conf import pgtasks_settings
-from .liveness import LOCK_NAMESPACE
 from .models import Status
+from .transitions import LOCK_NAMESPACE
 
 logger = logging.getLogger("django_pgtasks.retention")
 

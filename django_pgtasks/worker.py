@@ -16,44 +16,61 @@ never pins the xmin horizon.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import queue
 import secrets
 import signal
 import socket
 import threading
 import time
-import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from django.db import (
-    DatabaseError,
-    InterfaceError,
-    OperationalError,
-    connections,
-    transaction,
-)
+from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from . import maintenance, retention, scheduling  # noqa: F401 (importing registers their jobs)
 from .completion import Completer
 from .conf import pgtasks_settings
+from .errors import (
+    error_text,
+    format_exception,
+    is_connection_loss,
+    qualified_name,
+    reason_text,
+    truncate_error,
+)
 from .exceptions import (
+    ConnectionLost,
     LeaseLostError,
     PgTasksError,
     Snooze,
     TaskCancelled,
+    TaskInterrupted,
+    TaskTimeoutError,
     UnknownTaskError,
+    WorkerShutdown,
 )
 from .listener import Listener
 from .liveness import Liveness
 from .models import Status, Task
+from .pool import ThreadPool
 from .registry import TaskHandler, cancel_signal, get_handler
 from .signals import task_finished, task_started
+from .transitions import (
+    Cancelled,
+    Failed,
+    Interrupted,
+    Outcome,
+    Recorder,
+    Snoozed,
+    Succeeded,
+    close_connection,
+    unstorable,
+    write,
+)
+
+__all__ = ["ThreadPool", "Worker", "default_worker_id", "format_exception"]
 
 logger = logging.getLogger("django_pgtasks.worker")
 
@@ -61,11 +78,18 @@ logger = logging.getLogger("django_pgtasks.worker")
 COMPLETION_BATCH = 500
 #: Seconds past an async handler's own timeout before the pool gives up on its thread.
 ASYNC_CANCEL_MARGIN = 5.0
-#: Which of the given running tasks of a worker were asked to stop (heartbeat safety net).
-CANCEL_REQUESTS_SQL = (
-    "SELECT id FROM pgtasks_task WHERE id = ANY(%s) AND status = 'RUNNING' "
-    "AND locked_by = %s AND cancel_requested"
-)
+#: Seconds between two turns of the watchdog thread (time limits, heartbeats when due).
+WATCH_TICK = 0.1
+#: Longest pause between two claims while the database refuses connections: a worker resumes
+#: within this time once the server is back.
+RECONNECT_PAUSE_MAX = 2.0
+#: Session settings of the worker's own connection (claims and maintenance): a claim or job
+#: waiting on a lock held elsewhere gives up instead of stalling the loop (liveness runs on its
+#: own thread and connection, so a stalled loop never looks like a lost worker either).
+SESSION_SQL = ("SELECT set_config('lock_timeout', %s, false), "
+               "set_config('statement_timeout', %s, false)")
+LOCK_TIMEOUT = "5s"
+STATEMENT_TIMEOUT = "5min"
 
 
 def default_worker_id() -> str:
@@ -113,10 +137,14 @@ class Worker:
         self.listener: Listener | None = None
         self._exit_code = 0
         self._check_orphans = False
-        self._next_heartbeat = 0.0
         self._next_poll = 0.0
         self._next_job: dict[str, float] = {}
+        self._session: Any = None
         self.liveness = Liveness(self.worker_id, self.queues, self.concurrency, self.using)
+        #: Records every outcome (the invariant: recorded, or back in the queue).
+        self.recorder = Recorder(self.using, give_up=self._force)
+        self._watchdog: threading.Thread | None = None
+        self._watching = threading.Event()
         self.processed = 0
 
     # -- the loop --------------------------------------------------------------------------
@@ -129,11 +157,12 @@ class Worker:
             "Worker %s started: queues=%s concurrency=%d burst=%s",
             self.worker_id, ",".join(self.queues), self.concurrency, self.burst,
         )
-        pool = self._pool = ThreadPool(self.concurrency, self._execute, self._wakeup)
+        pool = self._pool = ThreadPool(self.concurrency, self._execute, self._wakeup,
+                                       on_crash=self._crashed)
         if pgtasks_settings.COMPLETION_WINDOW > 0:
             self.completer = Completer(
-                self.using, pgtasks_settings.COMPLETION_WINDOW, COMPLETION_BATCH,
-                pgtasks_settings.ERROR_PAUSE, pgtasks_settings.ERROR_PAUSE_MAX, self._force,
+                pgtasks_settings.COMPLETION_WINDOW, COMPLETION_BATCH, self.recorder,
+                on_unrecorded=self._lost_outcomes,
             )
         listener = None
         if pgtasks_settings.LISTEN:
@@ -142,10 +171,11 @@ class Worker:
                 on_cancel=self._stop_task,
             )
             listener.start()
+        self._start_watchdog()  # registers the worker before its first claim
         try:
             look = True  # is there reason to claim? (start-up, a wake-up, a full last claim)
             while not self._stop.is_set():
-                self._maintain(pool)
+                self._maintain()
                 busy = pool.busy  # sampled before the claim, see the burst check below
                 # Claim when a thread is free; with prefetch, once the prefetched tasks have
                 # all started, and then enough to fill the threads and the prefetch again.
@@ -179,9 +209,9 @@ class Worker:
         finally:
             if self.completer is not None:
                 self.completer.close(timeout=60)
+            self._stop_watchdog()  # unregisters the worker
             if listener is not None:
                 listener.stop()
-            self.liveness.unregister()
             connections[self.using].close()
         logger.info("Worker %s stopped after %d task(s).", self.worker_id, self.processed)
         return code
@@ -206,25 +236,19 @@ class Worker:
         return due is not None and due <= 0
 
     def _idle_timeout(self) -> float:
-        """How long the loop may sleep: the poll interval, cut short by the next heartbeat or
-        rescue pass, and by the earliest delayed task the listener heard of."""
+        """How long the loop may sleep: the poll interval, cut short by the next maintenance
+        job, and by the earliest delayed task the listener heard of."""
         now = time.monotonic()
-        timeout = min(self._next_poll - now, self._next_heartbeat - now,
-                      *(when - now for when in self._next_job.values()))
+        timeout = min(self._next_poll - now, *(when - now for when in self._next_job.values()))
         if self.listener is not None and (due := self.listener.seconds_until_due()) is not None:
             timeout = min(timeout, due)
         return max(timeout, 0.001)
 
-    # -- steps -----------------------------------------------------------------------------
+    # -- steps of the main loop ------------------------------------------------------------
 
-    def _maintain(self, pool: ThreadPool) -> None:
-        """Between claims: heartbeat, maintenance jobs (rescue, ...), time limits, supervisor."""
+    def _maintain(self) -> None:
+        """Between claims: maintenance jobs (rescue, purge, scheduler) and lost claims."""
         now = time.monotonic()
-        if now >= self._next_heartbeat:
-            self.liveness.heartbeat()
-            self._next_heartbeat = now + pgtasks_settings.HEARTBEAT_INTERVAL
-            if pool.busy:
-                self._look_for_cancellations(pool)
         for job in maintenance.jobs():
             if now < self._next_job.get(job.name, 0.0):
                 continue
@@ -234,15 +258,117 @@ class Worker:
                 continue
             self._next_job[job.name] = now + interval
             try:
+                self._prepare_session()
                 job.run(self.using)
             except (DatabaseError, InterfaceError) as exc:
                 logger.error("Maintenance job %s failed: %s", job.name, exc)
-                _close_connection(self.using)
-        for task, limit in pool.overdue():
-            self._time_out(pool, task, limit)
+                close_connection(self.using)
         if self._check_orphans:
-            self._give_back_orphans(pool)
-        self._check_parent()
+            self._give_back_orphans()
+
+    def _prepare_session(self) -> None:
+        """Give the loop's connection its session settings, once per connection."""
+        connection = connections[self.using]
+        connection.ensure_connection()
+        if connection.connection is not self._session:
+            with connection.cursor() as cursor:
+                cursor.execute(SESSION_SQL, [LOCK_TIMEOUT, STATEMENT_TIMEOUT])
+            self._session = connection.connection
+
+    def _claim(self, limit: int) -> list[Task] | None:
+        try:
+            self._prepare_session()
+            tasks = Task.objects.claim(self.worker_id, self.queues, limit=limit, using=self.using)
+        except (DatabaseError, InterfaceError) as exc:
+            self._check_orphans = True  # the claim may have committed before the error
+            self._database_error("claiming tasks", exc)
+            return None
+        self._error_pause = pgtasks_settings.ERROR_PAUSE
+        return tasks
+
+    def _give_back_orphans(self) -> None:
+        """Give back tasks the database says this worker holds but it does not know of.
+
+        A claim whose commit succeeded but whose reply was lost with the connection, or an
+        outcome that could not be recorded while the database was unreachable, leaves tasks
+        RUNNING under this (live) worker; no rescue would take them, since the worker is
+        alive. Giving them back is guarded, so a task that finished meanwhile is left alone.
+        """
+        try:
+            held = list(Task.objects.using(self.using).held_by(self.worker_id))
+            known = self._pool.ids() if self._pool is not None else set()
+            if self.completer is not None:
+                known |= self.completer.pending_ids()
+            orphans = [task for task in held if task.pk not in known]
+            if orphans:
+                count = Task.objects.unclaim(orphans, using=self.using)
+                logger.warning("Worker %s gave back %d task(s) it held without knowing "
+                               "(a lost claim reply or an unrecorded outcome).",
+                               self.worker_id, count)
+            self._check_orphans = False
+        except (DatabaseError, InterfaceError) as exc:
+            logger.error("Could not look for tasks of a lost claim: %s", exc)
+            close_connection(self.using)
+
+    def _lost_outcomes(self) -> None:
+        """Outcomes could not be recorded (the database stayed unreachable): give those tasks
+        back at the next turn of the loop."""
+        self._check_orphans = True
+        self._wakeup.set()
+
+    def _database_error(self, what: str, exc: BaseException) -> None:
+        # While the server refuses connections (restarting, overloaded), retry often enough
+        # to resume within RECONNECT_PAUSE_MAX of its return.
+        limit = RECONNECT_PAUSE_MAX if is_connection_loss(exc) else pgtasks_settings.ERROR_PAUSE_MAX
+        pause = min(self._error_pause, limit)
+        logger.error("Database error while %s: %s; retrying in %.1fs.", what, exc, pause)
+        close_connection(self.using)
+        self._stop.wait(pause)
+        self._error_pause = min(pause * 2, limit)
+
+    # -- the watchdog: liveness that nothing in the loop can block ---------------------------
+
+    def _start_watchdog(self) -> None:
+        """Start the watchdog thread and wait (briefly) until it registered the worker."""
+        self._watching.set()
+        registered = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, args=(registered,),
+                                          name="pgtasks-watchdog", daemon=True)
+        self._watchdog.start()
+        registered.wait(timeout=5)
+
+    def _stop_watchdog(self) -> None:
+        self._watching.clear()
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=30)
+
+    def _watch(self, registered: threading.Event) -> None:
+        """On its own thread and connections, until the worker has shut down: registration,
+        heartbeats, the cancellation safety net, time limits, the supervisor check, and
+        unregistration. A claim waiting on a lock, a slow maintenance job or the shutdown
+        grace never delay them."""
+        self.liveness.heartbeat()  # registers
+        registered.set()
+        next_heartbeat = time.monotonic() + pgtasks_settings.HEARTBEAT_INTERVAL
+        try:
+            while self._watching.is_set():
+                now = time.monotonic()
+                if now >= next_heartbeat:
+                    self.liveness.heartbeat()
+                    next_heartbeat = now + pgtasks_settings.HEARTBEAT_INTERVAL
+                    self._look_for_cancellations()
+                if self._pool is not None:
+                    for task, limit in self._pool.overdue():
+                        self._time_out(self._pool, task, limit)
+                self._check_parent()
+                time.sleep(WATCH_TICK)
+        except Exception:
+            logger.exception("Worker %s: the watchdog thread failed; stopping.", self.worker_id)
+            self._exit_code = 1
+            self.stop()
+        finally:
+            self.liveness.unregister()
+            connections.close_all()
 
     def _stop_task(self, pk: int) -> None:
         """Ask the handler running task ``pk`` to stop (thread-safe; unknown ids ignored)."""
@@ -252,52 +378,23 @@ class Worker:
                         task.pk, task.name)
             cancel_signal(task).set()
 
-    def _look_for_cancellations(self, pool: ThreadPool) -> None:
+    def _look_for_cancellations(self) -> None:
         """With each heartbeat: stop running tasks whose cancellation was requested (the
-        safety net for a lost or never-sent ``NOTIFY``). A primary-key lookup of the tasks
-        this worker runs, only while it runs some."""
+        safety net for a lost or never-sent ``NOTIFY``), on the liveness connection. A
+        primary-key lookup of the tasks this worker runs, only while it runs some."""
+        pool = self._pool
+        if pool is None or not pool.busy:
+            return
         ids = [pk for pk in pool.ids()
                if (task := pool.get(pk)) is not None and not cancel_signal(task).is_set()]
-        if not ids:
-            return
-        try:
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(CANCEL_REQUESTS_SQL, [ids, self.worker_id])
-                requested = [row[0] for row in cursor.fetchall()]
-        except (DatabaseError, InterfaceError) as exc:
-            logger.error("Could not look for cancelled tasks: %s", exc)
-            _close_connection(self.using)
-            return
-        for pk in requested:
+        for pk in self.liveness.cancel_requests(ids):
             self._stop_task(pk)
-
-    def _give_back_orphans(self, pool: ThreadPool) -> None:
-        """After a failed claim, give back tasks it may have claimed all the same.
-
-        A claim whose commit succeeded but whose reply was lost with the connection leaves
-        tasks RUNNING under this (live) worker that it never received; no rescue would take
-        them, since the worker is alive. They are the tasks the database says we hold and we
-        do not know of. Giving them back is guarded, so a task that finished meanwhile is left
-        alone.
-        """
-        try:
-            held = list(Task.objects.using(self.using).held_by(self.worker_id))
-            known = pool.ids() | (self.completer.pending_ids() if self.completer else set())
-            orphans = [task for task in held if task.pk not in known]
-            if orphans:
-                count = Task.objects.unclaim(orphans, using=self.using)
-                logger.warning("Worker %s gave back %d task(s) from a claim whose reply was "
-                               "lost.", self.worker_id, count)
-            self._check_orphans = False
-        except (DatabaseError, InterfaceError) as exc:
-            logger.error("Could not look for tasks of a lost claim: %s", exc)
-            _close_connection(self.using)
 
     def _time_limit(self, task: Task) -> float | None:
         """Seconds the pool lets ``task`` run before it is failed and its slot freed."""
         try:
             handler = get_handler(task.name)
-        except UnknownTaskError:
+        except PgTasksError:
             return None
         if handler.timeout is None:
             return None
@@ -307,18 +404,13 @@ class Worker:
 
     def _time_out(self, pool: ThreadPool, task: Task, limit: float) -> None:
         handler = get_handler(task.name)
-        error = (
-            f"django_pgtasks.exceptions.TaskTimeoutError: Task exceeded its time limit of "
-            f"{limit:g}s; its thread could not be interrupted and was left to finish on its own "
-            f"(its outcome will be ignored)."
-        )
-        try:
-            Task.objects.mark_failed(task, error, retry_delay=handler.retry_delay(task.attempt),
-                                     using=self.using)
-        except (DatabaseError, InterfaceError) as exc:
-            logger.error("Task id=%s: could not record its timeout: %s", task.pk, exc)
-            _close_connection(self.using)
-            return  # try again on the next pass
+        error = reason_text(TaskTimeoutError, (
+            f"Task exceeded its time limit of {limit:g}s; its thread could not be interrupted "
+            f"and was left to finish on its own (its outcome will be ignored)."))
+        status = self.recorder.record(
+            [(task, Failed(error, self._retry_delay(handler, task)))])[task.pk]
+        if status is None:
+            return  # not recorded: the database is unreachable; try again on the next turn
         pool.abandon(task)
         logger.warning("Task id=%s name=%s timed out after %gs; slot freed.", task.pk,
                        task.name, limit)
@@ -330,15 +422,12 @@ class Worker:
             self._exit_code = 1
             self.stop()
 
-    def _claim(self, limit: int) -> list[Task] | None:
-        try:
-            tasks = Task.objects.claim(self.worker_id, self.queues, limit=limit, using=self.using)
-        except (DatabaseError, InterfaceError) as exc:
-            self._check_orphans = True  # the claim may have committed before the error
-            self._database_error("claiming tasks", exc)
-            return None
-        self._error_pause = pgtasks_settings.ERROR_PAUSE
-        return tasks
+    def _check_parent(self) -> None:
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            logger.warning("Worker %s lost its supervisor; stopping.", self.worker_id)
+            self.stop()
+
+    # -- running one task (in a pool thread) -------------------------------------------------
 
     def _execute(self, task: Task) -> None:
         """Run one claimed task in a pool thread and record its outcome (never raises)."""
@@ -349,18 +438,17 @@ class Worker:
         )
         try:
             handler = get_handler(task.name)
-        except PgTasksError as exc:
-            self._record_failure(task, None, exc)
-            self._finished(task, started, exc)
+        except PgTasksError as exc:  # unknown (fatal), or its module failed to import
+            self._end(task, None, started, self._outcome_of(task, None, exc), exc)
             return
         task.followups = []  # next pipeline stages, filled by TaskContext.then()
         if task.cancel_requested or cancel_signal(task).is_set():
             # Cancelled after the claim (e.g. while prefetched), or rescued after its
             # cancellation was requested: it never starts.
             try:
-                self._record_cancel(task, TaskCancelled(
-                    f"Task {task.pk} was cancelled before attempt {task.attempt} started."))
-                self._finished(task, started, None)
+                exc = TaskCancelled(
+                    f"Task {task.pk} was cancelled before attempt {task.attempt} started.")
+                self._end(task, None, started, Cancelled(error_text(exc)), None)
             finally:
                 self._after_task()
             return
@@ -374,148 +462,146 @@ class Worker:
         finally:
             self._after_task()
 
-    def _finished(self, task: Task, started: float, exception: BaseException | None) -> None:
-        """Log the outcome and send ``task_finished`` (once it is recorded)."""
-        duration = time.monotonic() - started
-        logger.info(
-            "Task id=%s name=%s queue=%s state=%s attempt=%d/%d duration=%.3fs%s",
-            task.pk, task.name, task.queue, task.status, task.attempt, task.max_attempts,
-            duration, f" error={type(exception).__name__}" if exception else "",
-        )
-        self.processed += 1
-        task_finished.send(
-            sender=Task, task=task, worker_id=self.worker_id, status=task.status,
-            duration=duration, exception=exception,
-        )
-
     def _run(self, task: Task, handler: TaskHandler, started: float) -> None:
         """At-least-once mode: the handler, then the completion (batched or on its own)."""
         try:
             result = self._call(handler, task)
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
-            self._record_exception(task, handler, exc)
-            handler.finished(task, self.worker_id, exc)
-            self._finished(task, started, exc)
+            self._end(task, handler, started, self._outcome_of(task, handler, exc), exc)
             return
-
-        def done(recorded: bool) -> None:
-            if recorded:
-                task.status, task.result = Status.SUCCESSFUL, result
-            handler.finished(task, self.worker_id, None)
-            self._finished(task, started, None)
-
         if task.followups:
-            # The next stages are inserted with this success, in one transaction.
-            try:
-                recorded = self._with_retries(
-                    "recording success", task, lambda: self._succeed_with_followups(task, result))
-            except DatabaseError as exc:  # refused, not unreachable: e.g. a constraint
-                self._record_failure(task, handler, exc)
-                handler.finished(task, self.worker_id, exc)
-                self._finished(task, started, exc)
-                return
-            done(recorded)
+            self._succeed_with_followups(task, handler, result, started)
         elif self.completer is not None:
-            self.completer.add(task, result, done)
+            self.completer.add(task, result, lambda status: self._finished_run(
+                task, handler, started, status, Succeeded(result), None))
         else:
-            done(self._with_retries("recording success", task, lambda: Task.objects
-                                    .mark_succeeded(task, result, using=self.using)))
+            self._end(task, handler, started, Succeeded(result), None)
 
-    def _succeed_with_followups(self, task: Task, result: Any) -> bool:
-        with transaction.atomic(using=self.using):
-            recorded = Task.objects.mark_succeeded(task, result, using=self.using)
-            if recorded:
-                _enqueue_followups(task.followups, self.using)
-        return recorded
+    def _succeed_with_followups(self, task: Task, handler: TaskHandler, result: Any,
+                                started: float) -> None:
+        """The success and the next pipeline stages, in one transaction."""
+
+        def succeed() -> dict[int, str]:
+            with transaction.atomic(using=self.using):
+                written = write(self.using, [(task, Succeeded(result))])
+                if written:
+                    _enqueue_followups(task.followups, self.using)
+            return written
+
+        try:
+            written = self.recorder.attempt(succeed)
+        except Exception as exc:  # refused, not unreachable: e.g. a stage that cannot be stored
+            logger.error("Task id=%s: its next stages could not be enqueued: %r", task.pk, exc)
+            self._end(task, handler, started, unstorable(exc), exc)
+            return
+        status = None if written is None else written.get(task.pk, "")
+        if status is None:
+            self._lost_outcomes()
+        self._finished_run(task, handler, started, status, Succeeded(result), None)
 
     def _run_atomic(self, task: Task, handler: TaskHandler, started: float) -> None:
         """Exactly-once mode: the handler's writes and the completion commit together."""
         try:
             with transaction.atomic(using=self.using):
                 result = self._call(handler, task)
-                if not Task.objects.mark_succeeded(task, result, using=self.using):
+                if not write(self.using, [(task, Succeeded(result))]):
                     raise LeaseLostError(f"Task {task.pk} is no longer held by this worker.")
                 if task.followups:
                     _enqueue_followups(task.followups, self.using)
         except LeaseLostError as exc:
-            handler.finished(task, self.worker_id, exc)
-            self._finished(task, started, exc)
+            logger.warning("Task id=%s name=%s was no longer held by worker %s when it "
+                           "finished; its writes were rolled back.", task.pk, task.name,
+                           self.worker_id)
+            self._finished_run(task, handler, started, "", None, exc)
             return
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
-            self._record_exception(task, handler, exc)
-            handler.finished(task, self.worker_id, exc)
-            self._finished(task, started, exc)
+            self._end(task, handler, started, self._outcome_of(task, handler, exc), exc)
             return
-        task.status, task.result = Status.SUCCESSFUL, result
-        handler.finished(task, self.worker_id, None)
-        self._finished(task, started, None)
+        self._finished_run(task, handler, started, Status.SUCCESSFUL, Succeeded(result), None)
 
     def _call(self, handler: TaskHandler, task: Task) -> Any:
         """Run the handler for ``task`` (the hook the in-test runner wraps)."""
         return handler.call(task, self.worker_id)
 
-    def _record_exception(self, task: Task, handler: TaskHandler, exc: BaseException) -> None:
-        """Record how a handler that raised ended: cancelled (its cancellation was requested,
-        or it raised ``TaskCancelled``), snoozed (``Snooze``), or failed."""
-        if cancel_signal(task).is_set() or isinstance(exc, TaskCancelled):
-            self._record_cancel(task, exc)
-        elif isinstance(exc, Snooze):
-            recorded = self._with_retries(
-                "recording snooze", task,
-                lambda: Task.objects.mark_snoozed(task, exc.seconds, using=self.using),
-            )
-            if recorded:
-                task.status, task.attempt = Status.READY, max(task.attempt - 1, 0)
-        else:
-            self._record_failure(task, handler, exc)
+    def _outcome_of(self, task: Task, handler: TaskHandler | None,
+                    exc: BaseException) -> Outcome:
+        """How a run that raised ``exc`` ends: cancelled (its cancellation was requested, or
+        it raised ``TaskCancelled``), snoozed, interrupted (its connection was lost, or its
+        code could not be imported: not the handler's failure), or failed."""
+        if isinstance(exc, TaskCancelled) or cancel_signal(task).is_set():
+            return Cancelled(error_text(exc))
+        if isinstance(exc, Snooze):
+            return Snoozed(exc.seconds)
+        if isinstance(exc, TaskInterrupted):
+            return Interrupted(error_text(exc))
+        if is_connection_loss(exc):
+            header = format_exception(exc).partition("\n")[0]
+            return Interrupted(truncate_error(
+                f"{qualified_name(ConnectionLost)}: The run lost its database connection "
+                f"({header}).\n\n{format_exception(exc)}"))
+        if handler is None or isinstance(exc, UnknownTaskError) or handler.is_fatal(exc):
+            return Failed(error_text(exc), None)
+        return Failed(error_text(exc), self._retry_delay(handler, task))
 
-    def _record_cancel(self, task: Task, exc: BaseException) -> None:
-        error = format_exception(exc)
-        recorded = self._with_retries(
-            "recording cancellation", task,
-            lambda: Task.objects.mark_cancelled(task, error, using=self.using),
-        )
-        if recorded:
-            task.status, task.error_text = Status.CANCELLED, error
+    def _retry_delay(self, handler: TaskHandler, task: Task) -> float | None:
+        try:
+            return handler.retry_delay(task.attempt)
+        except Exception:
+            logger.exception("Task id=%s name=%s: its backoff policy failed; retrying after "
+                             "BACKOFF_MAX.", task.pk, task.name)
+            return float(pgtasks_settings.BACKOFF_MAX)
 
-    def _record_failure(
-        self, task: Task, handler: TaskHandler | None, exc: BaseException
-    ) -> None:
-        fatal = handler is None or handler.is_fatal(exc)
-        delay = None if fatal else handler.retry_delay(task.attempt)
-        error = format_exception(exc)
-        recorded = self._with_retries(
-            "recording failure", task,
-            lambda: Task.objects.mark_failed(task, error, retry_delay=delay, using=self.using),
-        )
-        if recorded:
-            retry = delay is not None and task.attempt < task.max_attempts
-            task.status = Status.AWAITING_RETRY if retry else Status.FAILED
-            task.error_text = error
+    def _end(self, task: Task, handler: TaskHandler | None, started: float, outcome: Outcome,
+             exc: BaseException | None) -> None:
+        """Record ``outcome`` on this thread, then run the callbacks."""
+        status = self.recorder.record([(task, outcome)])[task.pk]
+        if status is None:
+            self._lost_outcomes()
+        self._finished_run(task, handler, started, status, outcome, exc)
 
-    def _with_retries(self, what: str, task: Task, action: Any) -> bool:
-        """Run a completion ``action``; while the database is unreachable, reconnect and retry.
+    def _crashed(self, task: Task, exc: BaseException) -> None:
+        """An internal error escaped :meth:`_execute`: record it as a failure (else the task
+        is given back), so that it does not stay RUNNING under this live worker."""
+        outcome = Failed(reason_text(type(exc), f"Internal error while running the task: "
+                                                f"{exc}"), None)
+        if self.recorder.record([(task, outcome)])[task.pk] is None:
+            self._lost_outcomes()
 
-        It keeps trying (pausing ERROR_PAUSE, doubling up to ERROR_PAUSE_MAX) for as long as
-        the worker runs: giving up would leave a task RUNNING under a live worker, which no
-        rescue would ever take back. If the task was rescued meanwhile, the guarded update
-        simply reports that it is no longer ours.
-        """
-        pause = pgtasks_settings.ERROR_PAUSE
-        tries = 0
-        while True:
-            tries += 1
+    def _finished_run(self, task: Task, handler: TaskHandler | None, started: float,
+                      status: str | None, outcome: Outcome | None,
+                      exc: BaseException | None) -> None:
+        """After the outcome was recorded (``status``: the task's new state; ``""`` or
+        ``None``: nothing recorded): update the in-memory task, call the handler's
+        ``finished()`` and send ``task_finished``."""
+        if status:
+            task.status = status
+            if isinstance(outcome, Succeeded):
+                task.result = outcome.result
+            elif isinstance(outcome, Failed | Cancelled | Interrupted):
+                task.error_text = truncate_error(outcome.error)
+            if isinstance(outcome, Snoozed):
+                task.attempt = max(task.attempt - 1, 0)
+        if handler is not None:
             try:
-                return bool(action())
-            except (OperationalError, InterfaceError) as exc:  # the connection, not the data
-                logger.warning("Task id=%s: database error while %s (try %d): %s",
-                               task.pk, what, tries, exc)
-                _close_connection(self.using)
-            if self._force.wait(pause):
-                logger.error("Task id=%s: exiting before %s could be recorded; the task will "
-                             "be rescued.", task.pk, what)
-                return False
-            pause = min(pause * 2, pgtasks_settings.ERROR_PAUSE_MAX)
+                handler.finished(task, self.worker_id, exc)
+            except Exception:
+                logger.exception("Task id=%s: error in the handler's finished() callback.",
+                                 task.pk)
+        self._finished(task, started, exc)
+
+    def _finished(self, task: Task, started: float, exception: BaseException | None) -> None:
+        """Log the outcome and send ``task_finished`` (once it is recorded)."""
+        duration = time.monotonic() - started
+        logger.info(
+            "Task id=%s name=%s queue=%s state=%s attempt=%d/%d duration=%.3fs%s",
+            task.pk, task.name, task.queue, task.status, task.attempt, task.max_attempts,
+            duration, f" error={_one_line(exception)}" if exception else "",
+        )
+        self.processed += 1
+        task_finished.send(
+            sender=Task, task=task, worker_id=self.worker_id, status=task.status,
+            duration=duration, exception=exception,
+        )
 
     def _after_task(self) -> None:
         # A handler may have broken its connection (or left a transaction open): reset it so
@@ -525,18 +611,6 @@ class Worker:
                 conn.close()
         if self.task_pause:
             self._stop.wait(self.task_pause)
-
-    def _database_error(self, what: str, exc: BaseException) -> None:
-        logger.error("Database error while %s: %s; retrying in %.1fs.", what, exc,
-                     self._error_pause)
-        _close_connection(self.using)
-        self._stop.wait(self._error_pause)
-        self._error_pause = min(self._error_pause * 2, pgtasks_settings.ERROR_PAUSE_MAX)
-
-    def _check_parent(self) -> None:
-        if self.parent_pid is not None and os.getppid() != self.parent_pid:
-            logger.warning("Worker %s lost its supervisor; stopping.", self.worker_id)
-            self.stop()
 
     # -- shutdown --------------------------------------------------------------------------
 
@@ -574,170 +648,22 @@ class Worker:
         if not pool.busy:
             pool.shutdown()
             return 0
-        # Tasks still running past the grace period: give them back for another attempt now,
-        # rather than leaving them to the rescue of abandoned tasks, then exit without waiting
-        # for their threads (Python cannot interrupt a running thread).
+        # Tasks still running past the grace period: their runs are interrupted (not failed)
+        # and they go back to their place in the queue now, rather than when the rescue finds
+        # them; then exit without waiting for their threads (Python cannot interrupt one).
         unfinished = pool.running()
-        for task in unfinished:
-            try:
-                Task.objects.release(task, "Worker shut down before the task finished.",
-                                     using=self.using)
-            except (DatabaseError, InterfaceError) as exc:
-                logger.error("Could not release task id=%s: %s", task.pk, exc)
-        logger.warning("Worker %s exiting with %d task(s) unfinished; they were released.",
+        reason = reason_text(WorkerShutdown, f"Worker {self.worker_id} shut down before the "
+                                             f"task finished (grace {self.shutdown_grace:g}s).")
+        self.recorder.record([(task, Interrupted(reason)) for task in unfinished])
+        logger.warning("Worker %s exiting with %d task(s) unfinished; they were given back.",
                        self.worker_id, len(unfinished))
         return 1
 
 
-@dataclass
-class _Slot:
-    task: Task
-    limit: float | None
-    thread: threading.Thread | None = None
-    deadline: float | None = None
-
-
-class ThreadPool:
-    """A fixed set of threads that run ``target(task)`` for submitted tasks.
-
-    Unlike ``concurrent.futures.ThreadPoolExecutor``: each thread closes its own database
-    connections when the pool shuts down (Django connections belong to the thread that opened
-    them); the pool knows which tasks run right now and since when, so it can enforce time
-    limits; a thread stuck in a timed-out handler can be abandoned and replaced; and threads
-    are daemons, so a forced exit never waits for a stuck handler.
-    """
-
-    def __init__(self, size: int, target: Callable[[Task], None],
-                 slot_freed: threading.Event) -> None:
-        self._target = target
-        self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
-        self._running: dict[int, _Slot] = {}
-        self._lock = threading.Lock()
-        self._slot_freed = slot_freed
-        self._active: set[threading.Thread] = set()
-        self._abandoned: set[threading.Thread] = set()
-        self._started = 0
-        for _ in range(size):
-            self._start_thread()
-
-    def _start_thread(self) -> None:
-        thread = threading.Thread(target=self._loop, name=f"pgtasks-{self._started}",
-                                  daemon=True)
-        self._started += 1
-        self._active.add(thread)
-        thread.start()
-
-    @property
-    def busy(self) -> int:
-        """Tasks submitted and not finished (or abandoned) yet."""
-        return len(self._running)
-
-    @property
-    def stuck(self) -> int:
-        """Threads still running a handler whose task timed out."""
-        with self._lock:
-            return sum(1 for t in self._abandoned if t.is_alive())
-
-    def get(self, pk: int) -> Task | None:
-        """The submitted (not finished or abandoned) task with id ``pk``, if any."""
-        with self._lock:
-            slot = self._running.get(pk)
-            return slot.task if slot is not None else None
-
-    def running(self) -> list[Task]:
-        with self._lock:
-            return [slot.task for slot in self._running.values()]
-
-    def ids(self) -> set[int]:
-        """Ids of the tasks submitted and not finished (or abandoned) yet."""
-        with self._lock:
-            return set(self._running)
-
-    def submit(self, task: Task, limit: float | None = None) -> None:
-        with self._lock:
-            self._running[task.pk] = _Slot(task, limit)
-        self._queue.put(task)
-
-    def take_waiting(self) -> list[Task]:
-        """Remove and return the submitted tasks no thread has started yet."""
-        taken = []
-        with self._lock:
-            while True:
-                try:
-                    task = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if task is not None:
-                    self._running.pop(task.pk, None)
-                    taken.append(task)
-        return taken
-
-    def overdue(self) -> list[tuple[Task, float]]:
-        now = time.monotonic()
-        with self._lock:
-            return [(slot.task, slot.limit) for slot in self._running.values()
-                    if slot.deadline is not None and now > slot.deadline]
-
-    def abandon(self, task: Task) -> None:
-        """Give up on a timed-out task: free its slot and replace the thread running it."""
-        with self._lock:
-            slot = self._running.pop(task.pk, None)
-            if slot is None or slot.thread is None:
-                return
-            self._active.discard(slot.thread)
-            self._abandoned.add(slot.thread)
-            self._start_thread()
-        self._slot_freed.set()
-
-    def shutdown(self) -> None:
-        with self._lock:
-            active = list(self._active)
-        for _ in active:
-            self._queue.put(None)
-        for thread in active:
-            thread.join()
-
-    def _loop(self) -> None:
-        me = threading.current_thread()
-        try:
-            while (task := self._queue.get()) is not None:
-                with self._lock:
-                    slot = self._running.get(task.pk)
-                    if slot is not None:
-                        slot.thread = me
-                        if slot.limit is not None:
-                            slot.deadline = time.monotonic() + slot.limit
-                try:
-                    self._target(task)
-                except BaseException:  # keep the thread (and its slot) alive whatever happens
-                    logger.exception("Internal error while running task id=%s.", task.pk)
-                with self._lock:
-                    abandoned = me in self._abandoned
-                    if abandoned:
-                        self._abandoned.discard(me)
-                    elif self._running.get(task.pk) is slot:
-                        # Only this run's slot: once its outcome is recorded, the same task
-                        # may already be claimed again (a retry due at once) and submitted
-                        # under the same id.
-                        del self._running[task.pk]
-                if abandoned:  # timed out: a replacement thread has taken over the slot
-                    return
-                self._slot_freed.set()
-        finally:
-            connections.close_all()
-
-
-def format_exception(exc: BaseException) -> str:
-    """``Type: message``, a blank line, then the traceback.
-
-    The type and message come first so they survive truncation and group well; an exception
-    whose ``__str__`` fails is still recorded (the traceback module substitutes a marker).
-    """
-    try:
-        header = "".join(traceback.format_exception_only(exc)).strip()
-        return f"{header}\n\n{''.join(traceback.format_exception(exc))}"
-    except Exception:
-        return f"{type(exc).__module__}.{type(exc).__qualname__}: <unprintable exception>"
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` on one line, for log lines."""
+    header = format_exception(exc).partition("\n")[0]
+    return header if len(header) <= 300 else header[:297] + "..."
 
 
 def _enqueue_followups(tasks: list[Task], using: str) -> None:
@@ -748,8 +674,3 @@ def _enqueue_followups(tasks: list[Task], using: str) -> None:
 
     # A database that holds no configured queue gets every stage (tasks put there by hand).
     Task.objects.enqueue_many(tasks, using=None if queues_on(using) else using)
-
-
-def _close_connection(alias: str) -> None:
-    with contextlib.suppress(DatabaseError, InterfaceError):
-        connections[alias].close()

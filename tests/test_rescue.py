@@ -99,17 +99,66 @@ def test_tasks_of_a_worker_whose_lock_vanished_are_rescued_after_the_grace() -> 
     assert rescue() == []  # within the grace (a database restart looks like this at first)
     age("ghost", 1.5)  # RESCUE_GRACE is 1s in tests/settings.py
     [rescued] = rescue()
-    assert (rescued.id, rescued.worker, rescued.status) == (task.pk, "ghost",
-                                                            Status.AWAITING_RETRY)
+    # An interruption, not a failure: the attempt is given back.
+    assert (rescued.id, rescued.worker, rescued.status) == (task.pk, "ghost", Status.READY)
     task.refresh_from_db()
-    assert (task.status, task.attempt, task.locked_at) == (Status.AWAITING_RETRY, 1, None)
-    assert task.error_text.startswith("django_pgtasks.WorkerLost: worker ghost stopped while "
-                                      "running attempt 1")
+    assert (task.status, task.attempt, task.interruptions, task.locked_at) == (
+        Status.READY, 0, 1, None)
+    assert task.error_text.startswith("django_pgtasks.exceptions.WorkerLost: worker ghost "
+                                      "stopped while running attempt 1")
     assert [e["attempt"] for e in task.errors] == [1]
     assert task.errors[0]["error"] == task.error_text
+    assert task.worker_ids == []  # one worker id per attempt counted
     assert not WorkerProcess.objects.filter(name="ghost").exists()  # forgotten
     [again] = Task.objects.claim("someone-else")  # due at once
-    assert again.attempt == 2
+    assert again.attempt == 1
+
+
+def test_the_recorded_error_class_of_a_rescue_is_importable() -> None:
+    from django.utils.module_loading import import_string
+
+    from django_pgtasks.exceptions import TaskInterrupted
+
+    liveness = ghost()
+    Task.objects.enqueue(tasks.noop)
+    [task] = Task.objects.claim("ghost")
+    vanish(liveness)
+    age("ghost", 2)
+    rescue()
+    task.refresh_from_db()
+    path = task.error_text.partition(":")[0]
+    assert issubclass(import_string(path), TaskInterrupted)
+
+
+def test_a_rescued_task_goes_back_to_its_place_in_the_queue() -> None:
+    liveness = ghost()
+    first = Task.objects.enqueue(tasks.noop)
+    backlog = [Task.objects.enqueue(tasks.noop) for _ in range(5)]
+    [claimed] = Task.objects.claim("ghost")
+    assert claimed.pk == first.pk
+    vanish(liveness)
+    age("ghost", 2)
+    rescue()
+    # Ahead of the backlog that was enqueued after it, not behind it.
+    [next_up] = Task.objects.claim("someone-else")
+    assert next_up.pk == first.pk
+    assert Task.objects.get(pk=first.pk).run_after == first.run_after
+    assert all(Task.objects.get(pk=t.pk).status == Status.READY for t in backlog)
+
+
+def test_rescue_of_a_task_that_had_failed_before_keeps_it_awaiting_retry() -> None:
+    liveness = ghost()
+    Task.objects.enqueue(tasks.noop, max_attempts=3)
+    [task] = Task.objects.claim("ghost")
+    Task.objects.mark_failed(task, "boom", retry_delay=0)
+    [task] = Task.objects.claim("ghost")
+    assert task.attempt == 2
+    vanish(liveness)
+    age("ghost", 2)
+    [rescued] = rescue()
+    assert rescued.status == Status.AWAITING_RETRY
+    task.refresh_from_db()
+    assert (task.attempt, task.interruptions) == (1, 1)
 
 
 def test_a_silent_worker_is_rescued_after_worker_timeout_even_with_its_lock(settings) -> None:
@@ -148,17 +197,49 @@ def test_tasks_claimed_outside_a_registered_worker_have_a_lease(settings) -> Non
     assert [r.id for r in rescue()] == [task.pk]
 
 
-def test_rescue_fails_a_task_without_attempts_left() -> None:
+def test_rescue_of_a_task_with_one_attempt_does_not_fail_it() -> None:
     liveness = ghost()
     Task.objects.enqueue(tasks.noop, max_attempts=1)
     [task] = Task.objects.claim("ghost")
     vanish(liveness)
     age("ghost", 2)
     [rescued] = rescue()
-    assert rescued.status == Status.FAILED
+    assert rescued.status == Status.READY
     task.refresh_from_db()
-    assert (task.status, task.attempt) == (Status.FAILED, 1)
-    assert "WorkerLost" in task.error_text
+    assert (task.status, task.attempt, task.max_attempts) == (Status.READY, 0, 1)
+
+
+def test_a_task_interrupted_past_its_budget_fails(settings) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "MAX_INTERRUPTIONS": 2}
+    task = Task.objects.enqueue(tasks.noop, max_attempts=1)
+    statuses = []
+    for i in range(3):
+        liveness = ghost(f"oom-{i}")
+        Task.objects.claim(f"oom-{i}")
+        vanish(liveness)
+        age(f"oom-{i}", 2)
+        [rescued] = rescue()
+        statuses.append(rescued.status)
+    assert statuses == [Status.READY, Status.READY, Status.FAILED]
+    task.refresh_from_db()
+    assert (task.status, task.attempt, task.interruptions) == (Status.FAILED, 1, 3)
+    assert task.error_text.startswith("django_pgtasks.exceptions.TooManyInterruptions: The "
+                                      "task was interrupted more than 2 times")
+    assert "The last interruption (3): django_pgtasks.exceptions.WorkerLost: worker oom-2" in (
+        task.error_text)
+    assert [e["error"].split(":")[0] for e in task.errors] == [
+        "django_pgtasks.exceptions.WorkerLost"] * 3
+
+
+def test_a_rescued_task_whose_cancellation_was_requested_ends_cancelled() -> None:
+    liveness = ghost()
+    task = Task.objects.enqueue(tasks.noop)
+    Task.objects.claim("ghost")
+    Task.objects.filter(pk=task.pk).cancel()
+    vanish(liveness)
+    age("ghost", 2)
+    [rescued] = rescue()
+    assert rescued.status == Status.CANCELLED
 
 
 def test_the_late_finisher_of_a_rescued_task_cannot_record_its_outcome(caplog) -> None:
@@ -173,7 +254,7 @@ def test_the_late_finisher_of_a_rescued_task_cannot_record_its_outcome(caplog) -
     assert Task.objects.mark_failed(mine, "late", retry_delay=0) is False
     assert "was no longer held by worker ghost" in caplog.text
     row = Task.objects.get(pk=mine.pk)
-    assert (row.status, row.locked_by, row.attempt) == (Status.RUNNING, "new-owner", 2)
+    assert (row.status, row.locked_by, row.attempt) == (Status.RUNNING, "new-owner", 1)
     assert Task.objects.mark_succeeded(theirs) is True
 
 
@@ -228,7 +309,7 @@ def test_stuck_lists_what_rescue_would_take_and_the_command_rescues_it(capsys) -
     assert Task.objects.get(pk=task.pk).status == Status.RUNNING
     call_command("pgtasks_rescue")
     assert "1 task(s) rescued." in capsys.readouterr().out
-    assert Task.objects.get(pk=task.pk).status == Status.AWAITING_RETRY
+    assert Task.objects.get(pk=task.pk).status == Status.READY
     assert Task.objects.get(pk=alive.pk).status == Status.RUNNING
 
 
