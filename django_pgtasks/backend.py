@@ -51,7 +51,6 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from . import registry
 from .compat import (
@@ -416,9 +415,13 @@ class _Run:
                 f"Task id={row.pk} was enqueued through the task backend {alias!r}, whose class "
                 f"is now {type(backend).__name__}, not a PgTasksBackend."
             )
-        task = import_task(row.name)
+        # HandlerImportError (an interruption) if the task's module is in an installed app
+        # but cannot be imported now; a path outside installed apps is never imported.
+        task = import_task(row.name, missing_ok=False)
         if task is None:
-            raise FatalError(f"{row.name!r} does not import to a django.tasks Task.")
+            raise FatalError(
+                f"{row.name!r} names no django.tasks Task of an installed app, so it is not run."
+            )
         task = backend.task_for_row(task, row)
         return cls(backend, task, result_from_row(row, task, alias))
 
@@ -531,13 +534,19 @@ def _finished_result(run: _Run, row: TaskRow, exception: BaseException | None
 
 _MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
 _handlers: dict[str, DjangoTaskHandler] = {}
+#: The Task objects this process enqueued (through :func:`handler_for`), by module path: found
+#: without importing anything, wherever their module is.
+_tasks: dict[str, Task] = {}
 
 
 def resolve(name: str) -> DjangoTaskHandler | None:
     """Registry resolver: a handler for ``name`` if it is the module path of a Django task.
 
     Nothing but a ``django.tasks.Task`` instance is ever turned into a handler, and the
-    handler runs only rows that a :class:`PgTasksBackend` enqueued.
+    handler runs only rows that a :class:`PgTasksBackend` enqueued. Only the tasks this
+    process enqueued and the modules of installed apps are looked at (see
+    :func:`import_task`); a module there that fails to import raises
+    :class:`~django_pgtasks.exceptions.HandlerImportError`.
     """
     handler = _handlers.get(name)
     if handler is None:
@@ -551,25 +560,48 @@ registry.add_resolver(resolve)
 
 
 def handler_for(task: Task) -> DjangoTaskHandler:
-    """The handler that runs ``task`` (as the worker will resolve it by name)."""
+    """The handler that runs ``task`` (as the worker will resolve it by name).
+
+    Also remembers ``task``, so that this process finds it by name without an import. A task
+    whose module is in no installed app is logged once: a worker process never imports such
+    a module because a row names it, so only a worker in this process can run the task.
+    """
     name = task.module_path
     handler = _handlers.get(name)
     if handler is None:
+        _tasks.setdefault(name, task)
         handler = _handlers.setdefault(name, DjangoTaskHandler(func=task.func, name=name))
+        if registry.installed_module_of(name) is None:
+            logger.warning(
+                "Task name=%s is in no installed app: a worker process does not import its "
+                "module and fails the task as unknown. Move it into an installed app's module.",
+                name,
+            )
     return handler
 
 
-def import_task(path: str) -> Task | None:
-    """The ``django.tasks.Task`` at module path ``path``, or ``None`` if there is none."""
+def import_task(path: str, *, missing_ok: bool = True) -> Task | None:
+    """The ``django.tasks.Task`` at module path ``path``, or ``None`` if there is none.
+
+    Looks only at the tasks this process enqueued and, importing it if need be, at a module
+    of an installed app, checked before anything is imported: a stored path such as
+    ``"this.s"`` imports nothing. If that module raises while being imported, the error is
+    logged with its traceback and :class:`~django_pgtasks.exceptions.HandlerImportError`
+    raised; if it does not exist, ``None`` is returned, or with ``missing_ok=False`` the same
+    ``HandlerImportError`` (a task enqueued by newer code than this process runs).
+    """
     if not _MODULE_PATH_RE.match(path):
         return None
-    try:
-        value = import_string(path)
-    except (ImportError, AttributeError):
+    task = _tasks.get(path)
+    if task is not None:
+        return task
+    module_name = registry.installed_module_of(path)
+    if module_name is None:
         return None
-    except Exception as exc:  # the module itself raised while being imported
-        logger.warning("Importing %s to look for a task failed: %r", path, exc)
+    module = registry.import_handler_module(module_name, path, missing_ok=missing_ok)
+    if module is None:
         return None
+    value = getattr(module, path.rpartition(".")[2], None)
     return value if isinstance(value, Task) else None
 
 

@@ -11,15 +11,19 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import logging
+import re
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .exceptions import UnknownTaskError
+from .exceptions import HandlerImportError, UnknownTaskError
 from .retry import Backoff, resolve
 
 if TYPE_CHECKING:
@@ -27,6 +31,8 @@ if TYPE_CHECKING:
     from .scheduling import When
 
 MAX_NAME_LENGTH = 255
+
+logger = logging.getLogger("django_pgtasks")
 
 
 class CancelSignal:
@@ -316,7 +322,14 @@ _lock = threading.Lock()
 
 def add_resolver(resolver: Callable[[str], TaskHandler | None]) -> None:
     """Add a fallback that maps a stored task name to a handler (used by adapters such as
-    the ``django.tasks`` backend); it returns ``None`` for names it does not know."""
+    the ``django.tasks`` backend); it returns ``None`` for names it does not know.
+
+    :func:`get_handler` asks resolvers about every name it has not registered, so a resolver
+    must import nothing for a name outside installed apps (check with
+    :func:`installed_module_of` first) and should import through
+    :func:`import_handler_module`, which turns a module that fails to import into
+    :class:`~django_pgtasks.exceptions.HandlerImportError`.
+    """
     if resolver not in _resolvers:
         _resolvers.append(resolver)
 
@@ -445,29 +458,43 @@ def pgtask(
 def get_handler(name: str) -> TaskHandler:
     """Return the handler registered as ``name``.
 
-    A name of the form ``"package.module.function"`` that is not yet registered gets one
-    chance: its module is imported (which runs its ``@pgtask`` decorators) and the lookup is
-    repeated. Nothing that is not a registered handler is ever returned or called.
+    A name that is not registered yet is looked up only where a stored name may lead: the
+    resolvers (e.g. the ``django.tasks`` backend's), then the module part of a
+    ``package.module.function`` name *if that module belongs to an installed app*: it is
+    imported (which runs its ``@pgtask`` decorators) and the lookup is repeated. Whether a name
+    is inside an installed app is decided before anything is imported, so a stored name never
+    imports a module outside them. Nothing that is not a registered handler is ever returned
+    or called.
+
+    Raises :class:`~django_pgtasks.exceptions.UnknownTaskError` if no handler is found, and
+    :class:`~django_pgtasks.exceptions.HandlerImportError` if the module of a name inside an
+    installed app raises while being imported, or does not exist in this code (a task
+    enqueued by newer code than this process runs); the error is logged with its traceback.
     """
     handler = _registry.get(name)
-    if handler is None:
-        _import_task_backends()
+    if handler is not None:
+        return handler
+    # Decided before anything is imported; the resolvers check the same for their own imports
+    # (see add_resolver), and are asked about every name because they may hold handlers built
+    # in this process, such as the django.tasks backend's for the tasks it enqueued.
+    module_name = installed_module_of(name)
+    _import_task_backends()
     for resolver in _resolvers:
-        if handler is not None:
-            break
         handler = resolver(name)
-    if handler is None and "." in name:
-        module_name = name.rpartition(".")[0]
-        if _in_installed_app(module_name):
-            with contextlib.suppress(Exception):
-                importlib.import_module(module_name)
-            handler = _registry.get(name)
-    if handler is None:
-        raise UnknownTaskError(
-            f"No task handler is registered under the name {name!r}; "
-            f"decorate the function with @pgtask and make sure its module is imported."
-        )
-    return handler
+        if handler is not None:
+            return handler
+    if module_name is not None:
+        import_handler_module(module_name, name)
+        handler = _registry.get(name)
+        if handler is not None:
+            return handler
+    message = (f"No task handler is registered under the name {name!r}; decorate the function "
+               f"with @pgtask and make sure its module is imported.")
+    outside = name.rpartition(".")[0]
+    if module_name is None and _MODULE_PATH_RE.match(outside):
+        message += (f" Only modules of installed apps are imported by name, and {outside!r} "
+                    f"is not one.")
+    raise UnknownTaskError(message)
 
 
 _task_backends_imported = False
@@ -477,7 +504,8 @@ def _import_task_backends() -> None:
     """Import the backend classes named in ``settings.TASKS``, once.
 
     An adapter backend (``django_pgtasks.backend``) adds its resolver when imported; a worker
-    process may otherwise meet its tasks before any code there has used the backend.
+    process may otherwise meet its tasks before any code there has used the backend. These
+    are configured paths, not stored names.
     """
     global _task_backends_imported
     if _task_backends_imported:
@@ -491,14 +519,88 @@ def _import_task_backends() -> None:
             import_string(config["BACKEND"])
 
 
-def _in_installed_app(module_name: str) -> bool:
-    """Only modules inside installed apps are imported on demand, never arbitrary ones."""
+#: A dotted path of Python identifiers: the only module names a stored name may import.
+_MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+
+
+def installed_module_of(name: str) -> str | None:
+    """The module part of ``name`` (``"app.tasks"`` of ``"app.tasks.send"``) if that module
+    belongs to an installed app, else ``None``. Imports nothing.
+
+    Only such modules are imported because of a stored name: installed apps are code the
+    project chose to run; anything else on ``sys.path`` (``this``, ``antigravity``, a stray
+    script) is not, whatever a row of the task table says.
+    """
     from django.apps import apps
 
-    return any(
-        module_name == config.name or module_name.startswith(config.name + ".")
-        for config in apps.get_app_configs()
+    module_name, _, attribute = name.rpartition(".")
+    if not (_MODULE_PATH_RE.match(module_name) and attribute.isidentifier()):
+        return None
+    if any(module_name == config.name or module_name.startswith(config.name + ".")
+           for config in apps.get_app_configs()):
+        return module_name
+    return None
+
+
+def import_handler_module(
+    module_name: str, name: str, *, missing_ok: bool = False
+) -> ModuleType | None:
+    """Import ``module_name``, the module of the task ``name``; see :func:`installed_module_of`.
+
+    Callers check first that the module belongs to an installed app. If the module raises
+    while being imported (a missing dependency, a deploy in progress), the error is logged
+    with its traceback and :class:`~django_pgtasks.exceptions.HandlerImportError` raised: the
+    task's code is there but cannot run *now*, which is an interruption, not a failure of the
+    task. A module that does not exist at all (``ModuleNotFoundError`` for it or its package)
+    is the same, unless ``missing_ok``: then ``None`` is returned, for callers that only ask
+    whether something of theirs is there. Nothing is cached: the next call imports again.
+    """
+    with _lock:  # other threads may register handlers meanwhile
+        before = set(_registry)
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:
+        _forget_handlers_of_failed_imports(before)
+        missing = _is_missing(module_name, exc)
+        if missing and missing_ok:
+            return None
+        if missing:
+            logger.exception("Task name=%s: its module %s does not exist in this code.",
+                             name, module_name)
+            message = (
+                f"The module {module_name!r} of the task {name!r} does not exist in this code "
+                f"({type(exc).__name__}: {exc}): the name is misspelt, or the task was "
+                f"enqueued by newer code than this process runs."
+            )
+        else:
+            logger.exception("Task name=%s: importing its module %s failed.", name, module_name)
+            message = (
+                f"The module {module_name!r} of the task {name!r} raised while being imported "
+                f"({type(exc).__name__}: {exc})."
+            )
+        raise HandlerImportError(message) from exc
+
+
+def _is_missing(module_name: str, exc: Exception) -> bool:
+    """Whether ``exc`` says that ``module_name`` itself (or a package of its path) does not
+    exist, as opposed to the module failing while it ran, e.g. on a missing dependency."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    return missing is not None and (
+        module_name == missing or module_name.startswith(missing + ".")
     )
+
+
+def _forget_handlers_of_failed_imports(before: set[str]) -> None:
+    """Unregister the handlers that a failed import registered before it raised.
+
+    Python drops a module whose import raised from ``sys.modules``, so the next lookup
+    imports it again; its ``@pgtask`` functions that ran first must not stay registered, or
+    that lookup would find a handler of a module that never finished importing.
+    """
+    with _lock:
+        for name in set(_registry) - before:
+            if _registry[name].func.__module__ not in sys.modules:
+                del _registry[name]
 
 
 def registered_names() -> list[str]:
