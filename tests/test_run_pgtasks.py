@@ -82,7 +82,7 @@ def test_burst_drains_and_logs_one_greppable_line_per_outcome(run_command) -> No
         rf"Task id={ok.pk} name=tests.testapp.tasks.add queue=default state=SUCCESSFUL "
         r"attempt=1/3 duration=\d+\.\d{3}s", result.stderr)
     assert re.search(rf"Task id={bad.pk} name=\S+ queue=default state=FAILED attempt=1/5 "
-                     r"duration=\S+ error=FatalError", result.stderr)
+                     r"duration=\S+ error=django_pgtasks.exceptions.FatalError: \w", result.stderr)
     assert "Worker w-log stopped after 2 task(s)." in result.stderr
 
 
@@ -101,7 +101,8 @@ def test_sigterm_lets_running_tasks_finish_and_claims_nothing_more(start_command
     assert "SIGTERM received: finishing 2 running task(s)" in out.text
 
 
-def test_tasks_past_the_grace_period_are_released_for_another_attempt(start_command) -> None:
+def test_tasks_past_the_grace_period_are_given_back_without_spending_an_attempt(
+        start_command) -> None:
     task = Task.objects.enqueue(tasks.sleepy, 60)
     process = start_command("run_pgtasks", "--shutdown-grace", "0.5")
     out = Output(process)
@@ -111,8 +112,8 @@ def test_tasks_past_the_grace_period_are_released_for_another_attempt(start_comm
     assert process.wait(timeout=30) == 1, out.text
     assert time.monotonic() - started < 10
     task.refresh_from_db()
-    assert (task.status, task.attempt) == (Status.AWAITING_RETRY, 1)
-    assert task.error_text == "Worker shut down before the task finished."
+    assert (task.status, task.attempt, task.interruptions) == (Status.READY, 0, 1)
+    assert task.error_text.startswith("django_pgtasks.exceptions.WorkerShutdown: Worker ")
     assert len(Task.objects.claim("next-worker")) == 1  # due at once, not after a timeout
 
 
@@ -127,7 +128,7 @@ def test_second_signal_exits_at_once(start_command) -> None:
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=30) == 1, out.text
     assert time.monotonic() - started < 10
-    assert Task.objects.get(pk=task.pk).status == Status.AWAITING_RETRY
+    assert Task.objects.get(pk=task.pk).status == Status.READY
 
 
 def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
@@ -144,17 +145,18 @@ def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
     line = len(out.lines)
     replacement = int(out.wait_for(r"Started worker process 0 pid=(\d+)", after=line).group(1))
     assert replacement != first
-    # The tasks the killed process held are rescued by the live workers and run again; every
-    # other task ran once. (A held task may also have finished after all: a statement the
-    # process sent just before it died still commits. Such a task ran once, unrescued.)
+    # The tasks the killed process held are rescued by the live workers and run again, as an
+    # interruption: no attempt spent. (A held task may also have finished after all: a
+    # statement the process sent just before it died still commits. Such a task ran once,
+    # unrescued.)
     wait_until(lambda: Task.objects.succeeded().count() == 300, timeout=120)
-    attempts = dict(Task.objects.values_list("pk", "attempt"))
+    interrupted = dict(Task.objects.values_list("pk", "interruptions"))
     rescued = {pk for pk, errors in Task.objects.values_list("pk", "errors")
                if any("worker sup-0 stopped" in str(error) for error in errors)}
     assert rescued, "no task of the killed process was rescued"
     assert rescued <= orphans
-    assert {pk for pk, n in attempts.items() if n == 2} == rescued
-    assert all(n == 1 for pk, n in attempts.items() if pk not in rescued)
+    assert {pk for pk, n in interrupted.items() if n == 1} == rescued
+    assert set(Task.objects.values_list("attempt", flat=True)) == {1}
     assert Task.objects.filter(locked_by="sup-0.1").exists()  # the replacement's new id
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0, out.text

@@ -1,0 +1,273 @@
+"""The lifecycle promise: a claimed task always ends in a recorded outcome or goes back to the
+queue, whatever its handler returns or raises and whatever the database refuses.
+
+Faults are real: values PostgreSQL rejects, triggers that make PostgreSQL refuse or fail an
+UPDATE (non-transient and transient SQLSTATEs), backends terminated by the server, workers
+shut down past their grace. No database call is mocked.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.db import connection, connections
+
+from django_pgtasks.errors import is_connection_loss, is_transient
+from django_pgtasks.models import Status, Task
+from django_pgtasks.signals import task_started
+from django_pgtasks.transitions import Failed, Interrupted, Recorder, Succeeded
+from django_pgtasks.worker import Worker
+from tests.helpers import run_workers, wait_until
+from tests.testapp import lifecycle, tasks
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain(**options) -> Worker:
+    [worker] = run_workers([Worker(burst=True, concurrency=4, **options)])
+    return worker
+
+
+def statuses() -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for status in Task.objects.values_list("status", flat=True):
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+# -- outputs PostgreSQL cannot store ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window", [0.005, 0.0], ids=["batched", "one-by-one"])
+@pytest.mark.parametrize("kind", sorted(lifecycle.POISON))
+def test_one_unstorable_result_fails_only_its_own_task(settings, window, kind) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "COMPLETION_WINDOW": window}
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(100))
+    poison = Task.objects.enqueue(lifecycle.returns_poison, kind)
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(100))
+    drain()
+    assert statuses() == {Status.SUCCESSFUL: 200, Status.FAILED: 1}
+    poison.refresh_from_db()
+    assert poison.status == Status.FAILED
+    assert poison.error_text.startswith("django_pgtasks.exceptions.UnstorableResultError")
+    assert poison.result is None
+
+
+def test_a_batch_the_database_refuses_is_split_so_only_the_culprit_fails() -> None:
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(9))
+    claimed = Task.objects.claim("recorder", limit=9)
+    runs = [(task, Succeeded(i)) for i, task in enumerate(claimed)]
+    # Past the handler's own checks, straight to PostgreSQL: jsonb holds no NUL, no lone
+    # surrogate.
+    runs[3] = (claimed[3], Succeeded({"a\x00b": 1}))
+    runs[7] = (claimed[7], Succeeded("x\ud800y"))
+    recorded = Recorder("default").record(runs)
+    assert recorded == {task.pk: (Status.FAILED if i in (3, 7) else Status.SUCCESSFUL)
+                        for i, task in enumerate(claimed)}
+    failed = Task.objects.get(pk=claimed[3].pk)
+    assert failed.error_text.startswith(
+        "django_pgtasks.exceptions.UnstorableResultError: The task's outcome could not be "
+        "stored: django.db.utils.DataError")
+    assert [t.result for t in Task.objects.succeeded().order_by("pk")] == [
+        0, 1, 2, 4, 5, 6, 8]
+
+
+def test_an_exception_text_with_lone_surrogates_is_recorded_escaped() -> None:
+    task = Task.objects.enqueue(lifecycle.raises_undecodable_path)
+    drain()
+    task.refresh_from_db()
+    assert task.status == Status.FAILED
+    assert task.error_text.startswith(
+        "FileNotFoundError: No such file: /tmp/report-\\udcff.csv")
+    assert task.errors[0]["error"] == task.error_text
+
+
+def test_an_exception_text_with_lone_surrogates_is_recorded_without_batching(settings) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "COMPLETION_WINDOW": 0}
+    task = Task.objects.enqueue(lifecycle.raises_undecodable_path)
+    drain()
+    assert Task.objects.get(pk=task.pk).status == Status.FAILED
+
+
+# -- the database refuses or fails the recording ------------------------------------------------
+
+
+@pytest.fixture
+def refuse_status():
+    """Make PostgreSQL refuse (SQLSTATE 23514, not transient) to set given end states on the
+    tasks of given names, through a trigger; dropped again at teardown."""
+    created = []
+
+    def refuse(*statuses: str, names: tuple[str, ...], sqlstate: str = "23514",
+               times: int | None = None) -> None:
+        def quoted(values) -> str:
+            return ", ".join("'" + str(value) + "'" for value in values)
+
+        condition = f"NEW.status IN ({quoted(statuses)}) AND NEW.name IN ({quoted(names)})"
+        counter = ""
+        if times is not None:  # only the first `times` statements fail
+            counter = (f"IF nextval('pgtasks_test_refusals') > {times} THEN RETURN NEW; END IF;")
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE SEQUENCE IF NOT EXISTS pgtasks_test_refusals")
+            cursor.execute(f"""
+                CREATE OR REPLACE FUNCTION pgtasks_test_refuse() RETURNS trigger
+                LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF {condition} THEN
+                        {counter}
+                        RAISE EXCEPTION 'refused by the test' USING ERRCODE = '{sqlstate}';
+                    END IF;
+                    RETURN NEW;
+                END $$;
+                CREATE TRIGGER pgtasks_test_refuse BEFORE UPDATE ON pgtasks_task
+                FOR EACH ROW EXECUTE FUNCTION pgtasks_test_refuse();
+            """)
+        created.append(True)
+
+    yield refuse
+    if created:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS pgtasks_test_refuse ON pgtasks_task; "
+                           "DROP FUNCTION IF EXISTS pgtasks_test_refuse(); "
+                           "DROP SEQUENCE IF EXISTS pgtasks_test_refusals")
+
+
+@pytest.mark.parametrize("window", [0.005, 0.0], ids=["batched", "one-by-one"])
+def test_a_success_the_database_refuses_is_recorded_as_a_failure(settings, refuse_status,
+                                                                  window) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "COMPLETION_WINDOW": window}
+    refuse_status(Status.SUCCESSFUL, names=(lifecycle.logged.name,))
+    refused = [Task.objects.enqueue(lifecycle.logged) for _ in range(3)]
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(50))
+    drain()
+    assert statuses() == {Status.SUCCESSFUL: 50, Status.FAILED: 3}
+    for task in refused:
+        task.refresh_from_db()
+        assert "UnstorableResultError" in task.error_text
+        assert "refused by the test" in task.error_text
+
+
+def test_a_run_whose_success_and_failure_are_both_refused_goes_back_to_the_queue(
+        refuse_status) -> None:
+    refuse_status(Status.SUCCESSFUL, Status.FAILED, names=(lifecycle.logged.name,))
+    task = Task.objects.enqueue(lifecycle.logged)
+    [claimed] = Task.objects.claim("recorder")
+    recorded = Recorder("default").record([(claimed, Succeeded(1))])
+    assert recorded == {task.pk: Status.READY}
+    task.refresh_from_db()
+    assert (task.status, task.attempt, task.interruptions) == (Status.READY, 0, 1)
+    assert "refused by the test" in task.error_text
+
+
+def test_transient_errors_while_recording_are_retried(refuse_status, caplog) -> None:
+    # Serialization failures (40001) for the first two statements, then it goes through.
+    refuse_status(Status.SUCCESSFUL, names=(tasks.noop.name,), sqlstate="40001", times=2)
+    task = Task.objects.enqueue(tasks.noop)
+    [claimed] = Task.objects.claim("recorder")
+    with caplog.at_level(logging.WARNING):
+        assert Recorder("default").record([(claimed, Succeeded(None))]) == {
+            task.pk: Status.SUCCESSFUL}
+    assert "(try 2 of 8)" in caplog.text
+
+
+def test_an_outcome_that_stays_unrecordable_is_reported_and_the_task_given_back(
+        refuse_status) -> None:
+    refuse_status(Status.SUCCESSFUL, Status.FAILED, Status.READY, Status.AWAITING_RETRY,
+                  names=(tasks.noop.name,), sqlstate="40001")
+    task = Task.objects.enqueue(tasks.noop)
+    [claimed] = Task.objects.claim("recorder")
+    assert Recorder("default", tries=2).record([(claimed, Succeeded(None))]) == {
+        task.pk: None}
+    # What a worker then does with it: the orphan check gives it back once the database
+    # accepts writes again.
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER pgtasks_test_refuse ON pgtasks_task")
+    assert Task.objects.unclaim([claimed]) == 1
+    assert Task.objects.get(pk=task.pk).status == Status.READY
+
+
+def test_an_internal_error_in_the_worker_fails_the_task_instead_of_leaving_it_running() -> None:
+    def broken_receiver(sender, task, **kwargs) -> None:
+        raise RuntimeError("a task_started receiver is broken")
+
+    task_started.connect(broken_receiver)
+    try:
+        task = Task.objects.enqueue(tasks.noop)
+        drain()
+    finally:
+        task_started.disconnect(broken_receiver)
+    task.refresh_from_db()
+    assert task.status == Status.FAILED
+    assert "a task_started receiver is broken" in task.error_text
+
+
+# -- interruptions are not failures -------------------------------------------------------------
+
+
+def test_a_run_whose_connection_the_server_dropped_runs_again_without_spending_an_attempt(
+) -> None:
+    task = Task.objects.enqueue(lifecycle.loses_its_connection)
+    assert task.max_attempts == 1
+    drain()
+    task.refresh_from_db()
+    assert (task.status, task.result, task.attempt, task.interruptions) == (
+        Status.SUCCESSFUL, "done", 1, 1)
+    assert task.errors[0]["error"].startswith("django_pgtasks.exceptions.ConnectionLost: The "
+                                              "run lost its database connection")
+    assert Execution.objects.filter(task_id=task.pk).count() == 2
+
+
+def test_a_worker_shut_down_past_its_grace_gives_its_tasks_back_unspent() -> None:
+    task = Task.objects.enqueue(tasks.sleepy, 30, max_attempts=1)
+    worker = Worker(concurrency=1, shutdown_grace=0.2)
+    import threading
+
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        wait_until(lambda: Task.objects.running().exists(), 30, "the task to start")
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        connections.close_all()
+    task.refresh_from_db()
+    assert (task.status, task.attempt, task.interruptions) == (Status.READY, 0, 1)
+    assert task.error_text.startswith("django_pgtasks.exceptions.WorkerShutdown: Worker ")
+
+
+# -- classification ---------------------------------------------------------------------------
+
+
+def test_connection_errors_are_told_apart_from_other_database_errors() -> None:
+    from django.db import DataError, OperationalError
+
+    with pytest.raises(DataError) as refused, connection.cursor() as cursor:
+        cursor.execute("SELECT '\\u0000'::jsonb")
+    assert not is_transient(refused.value)
+    assert not is_connection_loss(refused.value)
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(OperationalError) as lost, other.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    finally:
+        other.close()
+    assert is_transient(lost.value)
+    assert is_connection_loss(lost.value)
+    assert not is_connection_loss(ValueError("not a database error"))
+
+
+def test_outcome_kinds_cannot_be_mixed_in_one_statement() -> None:
+    from django_pgtasks.transitions import write
+
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(2))
+    a, b = Task.objects.claim("recorder", limit=2)
+    with pytest.raises(TypeError):
+        write("default", [(a, Failed("x")), (b, Interrupted("y"))])
