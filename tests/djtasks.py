@@ -1,7 +1,8 @@
 """A ``django.tasks`` task in a module outside every installed app (``tests`` is not one).
 
-A worker imports this module only because the task's row names it; the native registry's
-on-demand import covers installed apps only.
+A worker process never imports it because a task's row names it (stored names import only
+modules of installed apps): such a task runs only in the process that enqueued it, and fails as
+unknown in a worker process (tests/test_task_names.py).
 """
 
 from __future__ import annotations

@@ -621,23 +621,6 @@ def test_3000_django_tasks_drained_exactly_once_by_worker_processes(start_comman
 
 
 @pytest.mark.slow
-def test_a_worker_that_never_built_the_backend_finds_tasks_outside_installed_apps(
-    start_command,
-) -> None:
-    from tests import djtasks
-
-    result = djtasks.multiply.enqueue(6, 7)
-    # --skip-checks: nothing in the worker builds the backend (on Django 6 the system checks
-    # would), and the task's module is in no installed app, so only the registry's import of
-    # the TASKS backends can make the task known there.
-    process = start_command("run_pgtasks", "--burst", "--skip-checks", "--log-level", "WARNING")
-    output = process.communicate(timeout=120)[0]
-    assert process.returncode == 0, output
-    result.refresh()
-    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42), output
-
-
-@pytest.mark.slow
 def test_results_written_by_a_worker_process(start_command) -> None:
     added = dj_tasks.add.enqueue(2, 3)
     async_added = dj_tasks.async_add.enqueue(4, 5)

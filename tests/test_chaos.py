@@ -9,7 +9,11 @@ in ``testapp.Execution``.
   the log must hold exactly one row per task, however often workers die;
 - at-least-once mode: the log row commits before the completion, so a task whose worker died
   between the two runs again; every task must run at least once, and every duplicate must
-  trace back to a killed worker.
+  trace back to a killed worker;
+- one attempt (``max_attempts=1``, native and through Django's ``@task``, whose default is one
+  attempt): a killed worker interrupts its runs, which spends no attempt, so every task still
+  ends SUCCESSFUL; one task in a hundred returns a value PostgreSQL cannot store and must end
+  FAILED alone, without holding back the successes recorded with it.
 """
 
 from __future__ import annotations
@@ -24,14 +28,17 @@ from django.db import connections
 from django.db.models import Count
 
 from django_pgtasks.models import Task
+from tests.helpers import wait_until
 from tests.test_faults import terminate_worker_backends
 from tests.test_run_pgtasks import Output
-from tests.testapp import tasks
+from tests.testapp import lifecycle, tasks
 from tests.testapp.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 N_TASKS = 20_000
+#: Tasks of the one-attempt modes.
+N_SMALL = 6_000
 WORKERS = 4
 KILL_EVERY = 1.5
 TIME_LIMIT = 400
@@ -49,12 +56,32 @@ def measure_rescue(worker_id: str, killed_at: float, delays: list[float]) -> Non
         connections.close_all()
 
 
-@pytest.mark.timeout(TIME_LIMIT + 120)
-@pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
-def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_command) -> None:
+def enqueue(mode: str) -> tuple[int, set[int]]:
+    """Enqueue the tasks of ``mode``; return how many should succeed and the poisoned ids."""
+    if mode == "django_one_attempt":
+        from tests.testapp import dj_tasks
+
+        pytest.importorskip("django_pgtasks.compat")
+        for _ in range(N_SMALL):
+            dj_tasks.chaos_django.enqueue()
+        return N_SMALL, set()
+    if mode == "one_attempt":
+        Task.objects.enqueue_many(lifecycle.chaos_one_attempt.build() for _ in range(N_SMALL))
+        poisoned = Task.objects.enqueue_many(
+            lifecycle.returns_poison.build(kind) for kind in sorted(lifecycle.POISON)
+            for _ in range(N_SMALL // 100 // len(lifecycle.POISON)))
+        return N_SMALL, {task.pk for task in poisoned}
     handler = {"exactly_once": tasks.chaos_exactly_once,
                "at_least_once": tasks.chaos_at_least_once}[mode]
     Task.objects.enqueue_many(handler.build() for _ in range(N_TASKS))
+    return N_TASKS, set()
+
+
+@pytest.mark.timeout(TIME_LIMIT + 120)
+@pytest.mark.parametrize("mode", ["exactly_once", "at_least_once", "one_attempt",
+                                  "django_one_attempt"])
+def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_command) -> None:
+    n_tasks, poisoned = enqueue(mode)
     rng = random.Random(20_000)
     processes: dict[str, tuple] = {}
     counter = iter(range(1000))
@@ -73,7 +100,7 @@ def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_com
     terminated = 0
     started = time.monotonic()
     next_kill = started + KILL_EVERY
-    while Task.objects.succeeded().count() < N_TASKS:
+    while Task.objects.succeeded().count() < n_tasks:
         assert time.monotonic() - started < TIME_LIMIT, "queue not drained in time"
         now = time.monotonic()
         if now >= next_kill:
@@ -89,7 +116,7 @@ def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_com
             watchers.append(watcher)
             spawn()
             next_kill = now + KILL_EVERY
-        if not terminated and Task.objects.succeeded().count() > N_TASKS // 2:
+        if not terminated and Task.objects.succeeded().count() > n_tasks // 2:
             terminated = terminate_worker_backends()
             assert terminated >= WORKERS
         time.sleep(0.2)
@@ -101,14 +128,20 @@ def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_com
     for watcher in watchers:
         watcher.join()
 
-    assert not Task.objects.exclude(status="SUCCESSFUL").exists()
+    wait_until(lambda: Task.objects.failed().count() == len(poisoned), 60,
+               "the poisoned tasks to fail")
+    assert set(Task.objects.exclude(status="SUCCESSFUL").values_list("pk", flat=True)) == (
+        poisoned)
+    assert all("UnstorableResultError" in text
+               for text in Task.objects.failed().values_list("error_text", flat=True))
     assert not Task.objects.filter(locked_at__isnull=False).exists()
     runs = dict(Execution.objects.values_list("task_id").annotate(n=Count("id")))
-    assert len(runs) == N_TASKS  # every task ran
+    assert len(runs) == n_tasks  # every task ran
+    interrupted = Task.objects.filter(interruptions__gt=0).count()
     duplicates = {task_id for task_id, n in runs.items() if n > 1}
     if mode == "exactly_once":
         assert not duplicates
-    else:
+    elif mode != "django_one_attempt":  # (Django's context names no worker)
         # A task runs again only if a run of it was cut short by a killed worker.
         suspects = set(Execution.objects.filter(task_id__in=duplicates)
                        .exclude(worker__in=killed).values_list("task_id", flat=True))
@@ -116,8 +149,9 @@ def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_com
                         .values_list("task_id", flat=True))
         assert suspects <= by_killed
     print(
-        f"\nchaos {mode}: {N_TASKS} tasks in {elapsed:.0f}s, {len(killed)} workers killed, "
-        f"{terminated} backends terminated, {sum(runs.values()) - N_TASKS} duplicate runs, "
+        f"\nchaos {mode}: {n_tasks} tasks in {elapsed:.0f}s, {len(killed)} workers killed, "
+        f"{terminated} backends terminated, {interrupted} tasks interrupted, "
+        f"{sum(runs.values()) - n_tasks} duplicate runs, {len(poisoned)} poisoned, "
         f"rescue delay median {statistics.median(rescue_delays):.2f}s "
         f"max {max(rescue_delays):.2f}s over {len(rescue_delays)} kills"
     )

@@ -9,6 +9,8 @@ shut down past their grace. No database call is mocked.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 import pytest
 from django.db import connection, connections
@@ -222,8 +224,6 @@ def test_a_run_whose_connection_the_server_dropped_runs_again_without_spending_a
 def test_a_worker_shut_down_past_its_grace_gives_its_tasks_back_unspent() -> None:
     task = Task.objects.enqueue(tasks.sleepy, 30, max_attempts=1)
     worker = Worker(concurrency=1, shutdown_grace=0.2)
-    import threading
-
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     try:
@@ -271,3 +271,72 @@ def test_outcome_kinds_cannot_be_mixed_in_one_statement() -> None:
     a, b = Task.objects.claim("recorder", limit=2)
     with pytest.raises(TypeError):
         write("default", [(a, Failed("x")), (b, Interrupted("y"))])
+
+
+# -- liveness that nothing in the loop can block ------------------------------------------------
+
+
+def start(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    return thread
+
+
+def test_a_claim_blocked_on_a_lock_longer_than_the_worker_timeout_runs_nothing_twice(
+        settings, fresh_claim_mode) -> None:
+    from django_pgtasks import controls
+    from django_pgtasks.liveness import rescue
+
+    settings.PGTASKS = {**settings.PGTASKS, "WORKER_TIMEOUT": 1.0, "RESCUE_GRACE": 0.5}
+    # A rate limit makes the claim lock the queue's control row (the controlled claim).
+    controls.set_rate_limit(1000, 1, queue="emails")
+    task = Task.objects.enqueue(lifecycle.logged_sleep, 3.0, queue="emails")
+    worker = Worker(concurrency=2, queues=["emails"], worker_id="blocked")
+    thread = start(worker)
+    holder = connections.create_connection("default")
+    try:
+        wait_until(lambda: Execution.objects.filter(task_id=task.pk).exists(), 30,
+                   "the task to start")
+        # Another session holds the control row the next claim needs, for three worker
+        # timeouts (an operator's long transaction around controls.pause(), say).
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT * FROM pgtasks_queue WHERE queue = 'emails' FOR UPDATE")
+        waiting = Task.objects.enqueue(tasks.noop, queue="emails")  # wakes the loop to claim
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            assert rescue() == []  # the worker is never taken for lost
+            assert Task.objects.get(pk=task.pk).status == Status.RUNNING
+        # The claim was blocked all along (it is what the lock holds back).
+        assert Task.objects.get(pk=waiting.pk).status == Status.READY
+        holder.rollback()
+        wait_until(lambda: Task.objects.succeeded().count() == 2, 30, "both tasks to finish")
+    finally:
+        holder.close()
+        worker.stop()
+        thread.join(30)
+    task.refresh_from_db()
+    assert (task.attempt, task.interruptions) == (1, 0)
+    assert Execution.objects.filter(task_id=task.pk).count() == 1
+
+
+def test_heartbeats_go_on_during_the_shutdown_grace(settings) -> None:
+    from django_pgtasks.liveness import rescue
+
+    settings.PGTASKS = {**settings.PGTASKS, "WORKER_TIMEOUT": 1.0, "RESCUE_GRACE": 0.5}
+    task = Task.objects.enqueue(lifecycle.logged_sleep, 2.5)
+    worker = Worker(concurrency=1, shutdown_grace=30, worker_id="grace")
+    thread = start(worker)
+    try:
+        wait_until(lambda: Execution.objects.filter(task_id=task.pk).exists(), 30,
+                   "the task to start")
+        worker.stop()
+        while thread.is_alive():
+            assert rescue() == []
+            thread.join(0.1)
+    finally:
+        worker.stop()
+        thread.join(30)
+    task.refresh_from_db()
+    assert (task.status, task.attempt, task.interruptions) == (Status.SUCCESSFUL, 1, 0)
+    assert Execution.objects.filter(task_id=task.pk).count() == 1

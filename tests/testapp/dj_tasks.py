@@ -146,3 +146,10 @@ def give_up_on_value_errors(exception: BaseException, task_result: TaskResult
 @task(max_attempts=5, backoff=give_up_on_value_errors)
 def fails_as_told(error: str) -> None:
     raise {"value": ValueError, "connection": ConnectionError}[error](error)
+
+
+@task(takes_context=True)
+def chaos_django(context: TaskContext) -> None:
+    """Chaos test through Django's tasks API, with its default of one attempt."""
+    Execution.objects.create(task_id=int(context.task_result.id), worker="",
+                             attempt=context.attempt)

@@ -44,3 +44,15 @@ def loses_its_connection(ctx: TaskContext) -> str:
 def logged(ctx: TaskContext) -> int:
     Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
     return ctx.task_id
+
+
+@pgtask(context=True, max_attempts=1)
+def logged_sleep(ctx: TaskContext, seconds: float) -> None:
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+    ctx.sleep(seconds)
+
+
+@pgtask(context=True, max_attempts=1)
+def chaos_one_attempt(ctx: TaskContext) -> None:
+    """Chaos test with one attempt: a killed worker must cost no task its only attempt."""
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
