@@ -18,6 +18,13 @@ logger = logging.getLogger("django_pgtasks.worker")
 Task = Any
 
 
+@dataclass(frozen=True)
+class _Call:
+    """A callback queued for a pool thread (not a task: it takes no slot)."""
+
+    func: Callable[[], object]
+
+
 @dataclass
 class _Slot:
     task: Task
@@ -41,7 +48,8 @@ class ThreadPool:
                  on_crash: Callable[[Task, BaseException], None] | None = None) -> None:
         self._target = target
         self._on_crash = on_crash
-        self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Task | _Call | None] = queue.SimpleQueue()
+        self._closed = False
         self._running: dict[int, _Slot] = {}
         self._lock = threading.Lock()
         self._slot_freed = slot_freed
@@ -89,18 +97,32 @@ class ThreadPool:
             self._running[task.pk] = _Slot(task, limit)
         self._queue.put(task)
 
+    def call_soon(self, func: Callable[[], object]) -> None:
+        """Run ``func`` on a pool thread (at once on this one once the pool is shut down).
+        Its exceptions are logged."""
+        with self._lock:
+            if not self._closed:
+                self._queue.put(_Call(func))
+                return
+        _run_call(func)
+
     def take_waiting(self) -> list[Task]:
-        """Remove and return the submitted tasks no thread has started yet."""
-        taken = []
+        """Remove and return the submitted tasks no thread has started yet (queued
+        callbacks stay queued)."""
+        taken, calls = [], []
         with self._lock:
             while True:
                 try:
-                    task = self._queue.get_nowait()
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if task is not None:
-                    self._running.pop(task.pk, None)
-                    taken.append(task)
+                if isinstance(item, _Call):
+                    calls.append(item)
+                elif item is not None:
+                    self._running.pop(item.pk, None)
+                    taken.append(item)
+            for call in calls:
+                self._queue.put(call)
         return taken
 
     def overdue(self) -> list[tuple[Task, float]]:
@@ -121,8 +143,10 @@ class ThreadPool:
         self._slot_freed.set()
 
     def shutdown(self) -> None:
+        """Stop the threads once they ran what is queued; later callbacks run inline."""
         with self._lock:
             active = list(self._active)
+            self._closed = True
         for _ in active:
             self._queue.put(None)
         for thread in active:
@@ -132,6 +156,9 @@ class ThreadPool:
         me = threading.current_thread()
         try:
             while (task := self._queue.get()) is not None:
+                if isinstance(task, _Call):
+                    _run_call(task.func)
+                    continue
                 with self._lock:
                     slot = self._running.get(task.pk)
                     if slot is not None:
@@ -163,3 +190,10 @@ class ThreadPool:
                 self._slot_freed.set()
         finally:
             connections.close_all()
+
+
+def _run_call(func: Callable[[], object]) -> None:
+    try:
+        func()
+    except Exception:
+        logger.exception("Error in a callback run after a task's outcome was recorded.")

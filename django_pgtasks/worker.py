@@ -30,7 +30,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from . import maintenance, retention, scheduling  # noqa: F401 (importing registers their jobs)
-from .completion import Completer
+from .completion import PendingOutcomes
 from .conf import pgtasks_settings
 from .errors import (
     error_text,
@@ -128,7 +128,10 @@ class Worker:
         self.using = using or s.DATABASE
         self.parent_pid = parent_pid
         self.prefetch = s.PREFETCH if prefetch is None else prefetch
-        self.completer: Completer | None = None
+        #: Outcomes handed in by pool threads (and the watchdog), recorded by the loop.
+        self.outcomes = PendingOutcomes(s.COMPLETION_WINDOW, COMPLETION_BATCH)
+        #: Pool threads hand their outcomes in (else each records its own at once).
+        self.batched = s.COMPLETION_WINDOW > 0
         self._stop = threading.Event()
         self._force = threading.Event()
         self._error_pause = s.ERROR_PAUSE
@@ -159,11 +162,6 @@ class Worker:
         )
         pool = self._pool = ThreadPool(self.concurrency, self._execute, self._wakeup,
                                        on_crash=self._crashed)
-        if pgtasks_settings.COMPLETION_WINDOW > 0:
-            self.completer = Completer(
-                pgtasks_settings.COMPLETION_WINDOW, COMPLETION_BATCH, self.recorder,
-                on_unrecorded=self._lost_outcomes,
-            )
         listener = None
         if pgtasks_settings.LISTEN:
             listener = self.listener = Listener(
@@ -176,7 +174,9 @@ class Worker:
             look = True  # is there reason to claim? (start-up, a wake-up, a full last claim)
             while not self._stop.is_set():
                 self._maintain()
+                self._record_outcomes()
                 busy = pool.busy  # sampled before the claim, see the burst check below
+                recording = self.outcomes.due_in() is not None
                 # Claim when a thread is free; with prefetch, once the prefetched tasks have
                 # all started, and then enough to fill the threads and the prefetch again.
                 full = busy >= self.concurrency + (1 if self.prefetch else 0)
@@ -199,16 +199,16 @@ class Worker:
                 look = len(tasks) == wanted  # a full claim: there may be more waiting
                 if tasks:
                     continue
-                # Idle only if nothing ran when the claim began: a task finishing during the
-                # claim may have just made itself due again (a retry), after its snapshot.
-                if not busy and self.burst and retry_in is None:
+                # Idle only if nothing ran or waited to be recorded when the claim began: a
+                # task finishing during the claim may have just made itself due again (a
+                # retry), after its snapshot.
+                if not busy and not recording and self.burst and retry_in is None:
                     break
                 if listener is not None:
                     listener.claimed_all_due()
             code = max(self._shutdown(pool), self._exit_code)
         finally:
-            if self.completer is not None:
-                self.completer.close(timeout=60)
+            self._record_outcomes(everything=True)
             self._stop_watchdog()  # unregisters the worker
             if listener is not None:
                 listener.stop()
@@ -240,6 +240,8 @@ class Worker:
         job, and by the earliest delayed task the listener heard of."""
         now = time.monotonic()
         timeout = min(self._next_poll - now, *(when - now for when in self._next_job.values()))
+        if (due := self.outcomes.due_in()) is not None:
+            timeout = min(timeout, due)
         if self.listener is not None and (due := self.listener.seconds_until_due()) is not None:
             timeout = min(timeout, due)
         return max(timeout, 0.001)
@@ -297,8 +299,7 @@ class Worker:
         try:
             held = list(Task.objects.using(self.using).held_by(self.worker_id))
             known = self._pool.ids() if self._pool is not None else set()
-            if self.completer is not None:
-                known |= self.completer.pending_ids()
+            known |= self.outcomes.ids()
             orphans = [task for task in held if task.pk not in known]
             if orphans:
                 count = Task.objects.unclaim(orphans, using=self.using)
@@ -315,6 +316,27 @@ class Worker:
         back at the next turn of the loop."""
         self._check_orphans = True
         self._wakeup.set()
+
+    def _record_outcomes(self, everything: bool = False) -> None:
+        """Record the outcomes handed in, once the oldest has waited ``COMPLETION_WINDOW``
+        (or a batch is full; ``everything``: all of them now), then run their callbacks on a
+        pool thread."""
+        while (due := self.outcomes.due_in()) is not None and (everything or due <= 0):
+            entries = self.outcomes.take()
+            try:
+                statuses = self.recorder.record([(task, outcome) for task, outcome, *_ in entries])
+            except Exception:  # a defect in recording itself: the orphan check takes over
+                logger.exception("Error while recording %d outcome(s).", len(entries))
+                statuses = {}
+            self.outcomes.forget(entries)
+            if any(statuses.get(task.pk) is None for task, *_ in entries):
+                self._lost_outcomes()
+            for task, _outcome, done, _at in entries:
+                status = statuses.get(task.pk)
+                if self._pool is not None:
+                    self._pool.call_soon(lambda done=done, status=status: done(status))
+                else:
+                    done(status)
 
     def _database_error(self, what: str, exc: BaseException) -> None:
         # While the server refuses connections (restarting, overloaded), retry often enough
@@ -407,10 +429,11 @@ class Worker:
         error = reason_text(TaskTimeoutError, (
             f"Task exceeded its time limit of {limit:g}s; its thread could not be interrupted "
             f"and was left to finish on its own (its outcome will be ignored)."))
-        status = self.recorder.record(
-            [(task, Failed(error, self._retry_delay(handler, task)))])[task.pk]
-        if status is None:
-            return  # not recorded: the database is unreachable; try again on the next turn
+        # Recorded by the loop like any outcome; the late finisher's own outcome is then
+        # refused by the lease guard.
+        self.outcomes.add(task, Failed(error, self._retry_delay(handler, task)),
+                          lambda status: None)
+        self._wakeup.set()
         pool.abandon(task)
         logger.warning("Task id=%s name=%s timed out after %gs; slot freed.", task.pk,
                        task.name, limit)
@@ -471,9 +494,6 @@ class Worker:
             return
         if task.followups:
             self._succeed_with_followups(task, handler, result, started)
-        elif self.completer is not None:
-            self.completer.add(task, result, lambda status: self._finished_run(
-                task, handler, started, status, Succeeded(result), None))
         else:
             self._end(task, handler, started, Succeeded(result), None)
 
@@ -553,19 +573,28 @@ class Worker:
 
     def _end(self, task: Task, handler: TaskHandler | None, started: float, outcome: Outcome,
              exc: BaseException | None) -> None:
-        """Record ``outcome`` on this thread, then run the callbacks."""
+        """Hand ``outcome`` in to be recorded by the loop (or, unbatched, record it on this
+        thread), then run the callbacks once it is recorded."""
+
+        def done(status: str | None) -> None:
+            self._finished_run(task, handler, started, status, outcome, exc)
+
+        if self.batched:
+            self.outcomes.add(task, outcome, done)
+            self._wakeup.set()
+            return
         status = self.recorder.record([(task, outcome)])[task.pk]
         if status is None:
             self._lost_outcomes()
-        self._finished_run(task, handler, started, status, outcome, exc)
+        done(status)
 
     def _crashed(self, task: Task, exc: BaseException) -> None:
         """An internal error escaped :meth:`_execute`: record it as a failure (else the task
         is given back), so that it does not stay RUNNING under this live worker."""
         outcome = Failed(reason_text(type(exc), f"Internal error while running the task: "
                                                 f"{exc}"), None)
-        if self.recorder.record([(task, outcome)])[task.pk] is None:
-            self._lost_outcomes()
+        self.outcomes.add(task, outcome, lambda status: None)
+        self._wakeup.set()
 
     def _finished_run(self, task: Task, handler: TaskHandler | None, started: float,
                       status: str | None, outcome: Outcome | None,
@@ -644,13 +673,17 @@ class Worker:
                 logger.error("Could not give back prefetched tasks: %s", exc)
         deadline = time.monotonic() + self.shutdown_grace
         while pool.busy and not self._force.is_set() and time.monotonic() < deadline:
-            self._sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
+            self._record_outcomes()
+            self._sleep(min(0.2, max(deadline - time.monotonic(), 0.01),
+                            self.outcomes.due_in() or 0.2))
         if not pool.busy:
+            self._record_outcomes(everything=True)
             pool.shutdown()
             return 0
         # Tasks still running past the grace period: their runs are interrupted (not failed)
         # and they go back to their place in the queue now, rather than when the rescue finds
         # them; then exit without waiting for their threads (Python cannot interrupt one).
+        self._record_outcomes(everything=True)
         unfinished = pool.running()
         reason = reason_text(WorkerShutdown, f"Worker {self.worker_id} shut down before the "
                                              f"task finished (grace {self.shutdown_grace:g}s).")

@@ -34,7 +34,7 @@ def test_with_a_zero_window_each_success_is_recorded_on_its_own(settings) -> Non
     Task.objects.enqueue_bulk(tasks.add, [(i, i) for i in range(20)])
     worker = Worker(concurrency=1, burst=True)
     assert worker.run(install_signals=False) == 0
-    assert worker.completer is None
+    assert not worker.batched
     assert len(set(finish_times())) == 20
 
 
@@ -46,6 +46,9 @@ def test_signals_and_results_of_batched_successes_follow_the_recording(settings)
 
     def finished(sender, task, status, **kw) -> None:
         seen.append((task.pk, Task.objects.get(pk=task.pk).status))
+        threads.add(threading.current_thread().name)
+
+    threads: set[str] = set()
 
     signals.task_finished.connect(finished)
     try:
@@ -55,6 +58,8 @@ def test_signals_and_results_of_batched_successes_follow_the_recording(settings)
         signals.task_finished.disconnect(finished)
     assert len(seen) == 5
     assert {status for _, status in seen} == {Status.SUCCESSFUL}  # already recorded
+    # User callbacks run on the pool's threads, never on the loop that records outcomes.
+    assert all(name.startswith("pgtasks-") for name in threads), threads
 
 
 def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown() -> None:
