@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import json.encoder
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .conf import pgtasks_settings
@@ -49,19 +49,25 @@ def _unexpected(value: Any) -> Any:
     raise TypeError(f"Unexpected {type(value).__name__} after validation.")
 
 
-if json.encoder.c_make_encoder is not None:
-    # The C encoder, built once: JSONEncoder.encode() builds one per call, which costs
-    # more than encoding a small payload. No circular-reference markers: the walk returns
-    # fresh lists and dicts, bounded in depth.
-    _c_encoder = json.encoder.c_make_encoder(
-        None, _unexpected, json.encoder.encode_basestring_ascii, None, ":", ",",
-        False, False, False,
-    )
+def _make_dumps() -> Callable[[Any], str]:
+    """Compact, ASCII-only JSON text of an already validated value.
 
-    def _dumps(value: Any) -> str:
-        return "".join(_c_encoder(value, 0))
-else:  # pragma: no cover - interpreters without the C accelerator
-    _dumps = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+    The C encoder is built once: ``JSONEncoder.encode()`` builds one per call, which costs
+    more than encoding a small payload. No circular-reference markers: the walk returns
+    fresh lists and dicts, bounded in depth. Without the C accelerator (or should its
+    private signature change), the documented encoder does the same, more slowly.
+    """
+    try:
+        encoder = json.encoder.c_make_encoder(
+            None, _unexpected, json.encoder.encode_basestring_ascii, None, ":", ",",
+            False, False, False,
+        )
+    except TypeError:  # pragma: no cover
+        return json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+    return lambda value: "".join(encoder(value, 0))
+
+
+_dumps = _make_dumps()
 
 
 def _describe(path: Path) -> str:
