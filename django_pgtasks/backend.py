@@ -69,14 +69,19 @@ from .compat import (
     task_started,
 )
 from .conf import pgtasks_settings
-from .exceptions import FatalError, InvalidPayloadError, InvalidTaskError
-from .payload import normalize_payload, normalize_value
+from .exceptions import (
+    FatalError,
+    InvalidPayloadError,
+    InvalidTaskError,
+    UnstorableResultError,
+)
+from .payload import normalize_payload, normalize_result
 from .registry import MAX_NAME_LENGTH, TaskHandler
 from .retry import POLICIES
 from .retry import resolve as resolve_policy
 from .routing import database_for_queue
 from .signals import task_enqueued as native_task_enqueued
-from .validation import MAX_ATTEMPTS_LIMIT
+from .validation import MAX_ATTEMPTS_LIMIT, check_run_after
 
 if TYPE_CHECKING:
     from .models import Task as TaskRow
@@ -105,15 +110,20 @@ _STATUS = {
 _FINISHED = ("SUCCESSFUL", "FAILED", "CANCELLED")
 
 
-class InvalidTaskArguments(InvalidTask, TypeError):
-    """Task arguments that would not come back unchanged from JSON; nothing was enqueued.
+class InvalidTaskArguments(InvalidTask, InvalidPayloadError):
+    """Task arguments that would not come back unchanged from JSON, or that PostgreSQL would
+    refuse; nothing was enqueued.
 
-    A ``TypeError`` too, as Django raises for arguments that cannot be serialized.
+    Django's ``InvalidTask``, and the ``InvalidPayloadError`` that ``@pgtask`` handlers
+    raise for the same arguments (a ``TypeError``, as Django raises for arguments that cannot
+    be serialized, and a ``ValueError``).
     """
 
 
-class InvalidReturnValue(FatalError, TypeError):
-    """A task returned something that is not plain JSON; the task fails without a retry."""
+class InvalidReturnValue(UnstorableResultError):
+    """A task returned something PostgreSQL cannot store unchanged as its result; the task
+    fails without a retry (an ``UnstorableResultError``: a ``FatalError`` and a
+    ``TypeError``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,7 +161,8 @@ class PgTasksBackend(BaseTaskBackend):
     # -- validation ------------------------------------------------------------------------
 
     def validate_task(self, task: Task) -> None:
-        """Django's checks, then: a queue that workers serve, a storable name, retry options."""
+        """Django's checks, then: a queue that workers serve, a storable name, retry options,
+        a ``run_after`` the database can hold (naive ones are checked once made aware)."""
         super().validate_task(task)
         queues = pgtasks_settings.queue_names
         if task.queue_name not in queues:
@@ -169,6 +180,11 @@ class PgTasksBackend(BaseTaskBackend):
         )
         if errors:
             raise InvalidTask(errors[0])
+        if task.run_after is not None and timezone.is_aware(task.run_after):
+            try:
+                check_run_after(task.run_after)
+            except InvalidTaskError as exc:
+                raise InvalidTask(str(exc)) from exc
 
     # -- enqueueing ------------------------------------------------------------------------
 
@@ -200,10 +216,6 @@ class PgTasksBackend(BaseTaskBackend):
 
         try:
             clean_args, clean_kwargs = normalize_payload(args, kwargs)
-            for i, value in enumerate(clean_args):
-                check_jsonb_numbers(value, f"Task argument args[{i}]")
-            for key, value in clean_kwargs.items():
-                check_jsonb_numbers(value, f"Task argument {key!r}")
         except InvalidPayloadError as exc:
             raise InvalidTaskArguments(str(exc)) from exc
         run_after = task.run_after
@@ -461,8 +473,7 @@ class DjangoTaskHandler(TaskHandler):
             _decisions.decision = (exc, _retry_decision(run, task, exc))
             raise
         try:
-            value = normalize_value(value, "The task's return value")
-            check_jsonb_numbers(value, "The task's return value")
+            value = normalize_result(value)
         except InvalidPayloadError as exc:
             raise InvalidReturnValue(str(exc)) from exc
         return value
@@ -644,26 +655,6 @@ def result_id_for(row: TaskRow) -> str:
     """The result id of a saved row: its key, with ``@<alias>`` off the primary database."""
     database = row._state.db or pgtasks_settings.DATABASE
     return str(row.pk) if database == pgtasks_settings.DATABASE else f"{row.pk}@{database}"
-
-
-def check_jsonb_numbers(value: Any, path: str) -> None:
-    """Refuse floats that PostgreSQL's ``jsonb`` would give back as integers.
-
-    ``jsonb`` keeps numbers as ``numeric`` and prints them without an exponent, so a float
-    that JSON writes with one (``1e+16`` and larger) comes back as an ``int``.
-    """
-    if isinstance(value, float):
-        if "e+" in repr(value):
-            raise InvalidPayloadError(
-                f"{path} is {value!r}, a float that PostgreSQL's jsonb gives back as an "
-                f"integer; pass an int or a string instead."
-            )
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            check_jsonb_numbers(item, f"{path}[{i}]")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            check_jsonb_numbers(item, f"{path}[{key!r}]")
 
 
 def result_from_row(row: TaskRow, task: Task, alias: str) -> TaskResult:

@@ -158,7 +158,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
             "E008",
         ))
     positive_ints = ("MAX_ATTEMPTS", "CONCURRENCY", "ERROR_TEXT_LIMIT", "MAX_PAYLOAD_BYTES",
-                     "MAX_PAYLOAD_DEPTH")
+                     "MAX_PAYLOAD_DEPTH", "MAX_RESULT_BYTES", "MAX_INTERRUPTIONS")
     for key in positive_ints:
         value = getattr(pgtasks_settings, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

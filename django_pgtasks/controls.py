@@ -157,12 +157,9 @@ def resolve_concurrency(
         if concurrency_limit is not None:
             raise InvalidTaskError("concurrency_limit needs a concurrency_key.")
         return None, None
-    if (not isinstance(concurrency_key, str) or not 1 <= len(concurrency_key) <= 255
-            or "\x00" in concurrency_key):
-        raise InvalidTaskError(
-            f"concurrency_key must be a string of 1 to 255 characters, not "
-            f"{concurrency_key!r}."
-        )
+    from .validation import check_string_option
+
+    check_string_option("concurrency_key", concurrency_key, 255)
     limit = concurrency_limit if concurrency_limit is not None else handler.concurrency_limit
     limit = 1 if limit is None else limit
     if (isinstance(limit, bool) or not isinstance(limit, int)

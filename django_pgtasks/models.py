@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy as _
 from . import claiming, transitions
 from .conf import pgtasks_settings
 from .exceptions import InvalidTaskError
-from .payload import normalize_payload, serialize_payload
+from .payload import serialize_payload, task_payload_json
 from .registry import TaskHandler, get_handler
 from .routing import database_for_queue, queues_on
 from .signals import task_enqueued
@@ -215,6 +215,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         """Return a validated, unsaved task; raise ``InvalidTaskError`` if anything is wrong.
 
         Nothing is written. :meth:`enqueue` saves one; :meth:`enqueue_many` saves many.
+        Everything PostgreSQL would refuse is refused here, so a refused task never leaves
+        the caller's transaction unusable (see :mod:`django_pgtasks.payload`).
         """
         handler = (
             name_or_handler if isinstance(name_or_handler, TaskHandler)
@@ -223,7 +225,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         validate_options(priority=priority, max_attempts=max_attempts, key=key, stage=stage)
         queue = validate_queue(queue or handler.queue or pgtasks_settings.DEFAULT_QUEUE)
         seconds = delay_seconds(run_after, delay)
-        clean_args, clean_kwargs = normalize_payload(args, kwargs)
+        payload = serialize_payload(args, kwargs)
+        clean_args, clean_kwargs = payload[0], payload[1]
         concurrency_key, concurrency_limit = resolve_concurrency(
             handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs)
         task = self.model(
@@ -238,6 +241,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             priority=_first(priority, handler.priority, pgtasks_settings.DEFAULT_PRIORITY),
             max_attempts=_first(max_attempts, handler.max_attempts, pgtasks_settings.MAX_ATTEMPTS),
         )
+        task._payload_json = payload  # the validated JSON text, for task_payload_json()
         if run_after is not None:
             task.run_after = run_after
         elif seconds:
@@ -302,7 +306,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
 
     def _upsert_keyed(self, task: Task, db: str) -> Task:
         run_after = task.run_after if isinstance(task.run_after, datetime) else None
-        params = [task.name, task.queue, json.dumps(task.args), json.dumps(task.kwargs),
+        params = [task.name, task.queue, *task_payload_json(task),
                   task.priority, task.max_attempts, run_after,
                   getattr(task, "_delay_seconds", None), json.dumps(task.metadata), task.key,
                   task.stage, task.concurrency_key, task.concurrency_limit]
@@ -329,6 +333,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         for task in tasks:
             if task.pk is not None or not isinstance(task, self.model):
                 raise TypeError("enqueue_many() takes unsaved tasks from Task.objects.build().")
+            # Every payload is known good before the first INSERT (one per database).
+            task_payload_json(task)
         # Without ``using``, each task goes to its queue's database: one INSERT per database
         # (not atomic together, unless the caller's transactions make them so).
         by_db: dict[str, list[Task]] = {}
@@ -342,11 +348,12 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         return tasks
 
     def _insert_many(self, tasks: list[Task], db: str) -> None:
+        payloads = [task_payload_json(t) for t in tasks]
         columns = {
             "name": [t.name for t in tasks],
             "queue": [t.queue for t in tasks],
-            "args": [json.dumps(t.args) for t in tasks],
-            "kwargs": [json.dumps(t.kwargs) for t in tasks],
+            "args": [args for args, _ in payloads],
+            "kwargs": [kwargs for _, kwargs in payloads],
             "priority": [t.priority for t in tasks],
             "max_attempts": [t.max_attempts for t in tasks],
             "run_after": [t.run_after if isinstance(t.run_after, datetime) else None
@@ -398,6 +405,9 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         queue = validate_queue(queue or handler.queue or pgtasks_settings.DEFAULT_QUEUE)
         priority = _first(priority, handler.priority, pgtasks_settings.DEFAULT_PRIORITY)
         max_attempts = _first(max_attempts, handler.max_attempts, pgtasks_settings.MAX_ATTEMPTS)
+        # The limits are read once, not once per item.
+        max_depth = pgtasks_settings.MAX_PAYLOAD_DEPTH
+        max_bytes = pgtasks_settings.MAX_PAYLOAD_BYTES
         payloads = []
         for call in calls:
             if isinstance(call, Mapping):
@@ -410,7 +420,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                     f"or tuple) or keyword arguments (a dict), not {type(call).__name__} "
                     f"{call!r:.50}."
                 )
-            clean_args, clean_kwargs, args_json, kwargs_json = serialize_payload(args, kwargs)
+            clean_args, clean_kwargs, args_json, kwargs_json = serialize_payload(
+                args, kwargs, max_depth=max_depth, max_bytes=max_bytes)
             payloads.append((args_json, kwargs_json, *resolve_concurrency(
                 handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs)))
         if not payloads:

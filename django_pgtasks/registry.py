@@ -214,13 +214,16 @@ class TaskHandler:
     def call(self, task: Task, worker_id: str) -> Any:
         """Run the function for ``task`` and return its result as plain JSON.
 
-        Raises whatever the function raises; a malformed stored payload or a return value
-        that is not plain JSON raise :class:`~django_pgtasks.FatalError`.
+        Raises whatever the function raises. A malformed stored payload raises
+        :class:`~django_pgtasks.FatalError`; a return value PostgreSQL cannot store unchanged
+        (not plain JSON, a NUL character or a lone surrogate anywhere, an integer too large
+        for JSON, more than ``PGTASKS["MAX_RESULT_BYTES"]``) raises
+        :class:`~django_pgtasks.exceptions.UnstorableResultError`, a ``FatalError``.
         """
         from asgiref.sync import async_to_sync
 
-        from .exceptions import FatalError, InvalidPayloadError
-        from .payload import normalize_value
+        from .exceptions import FatalError, InvalidPayloadError, UnstorableResultError
+        from .payload import normalize_result
 
         if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):
             raise FatalError(
@@ -237,9 +240,9 @@ class TaskHandler:
             func = self.func
         result = func(*args, **task.kwargs)
         try:
-            return normalize_value(result, "The task's return value")
+            return normalize_result(result)
         except InvalidPayloadError as exc:
-            raise FatalError(str(exc)) from exc
+            raise UnstorableResultError(str(exc)) from exc
 
     def started(self, task: Task, worker_id: str) -> None:
         """Called in the worker thread just before :meth:`call`."""
