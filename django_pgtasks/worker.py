@@ -269,10 +269,12 @@ class Worker:
             self._give_back_orphans()
 
     def _prepare_session(self) -> None:
-        """Give the loop's connection its session settings, once per connection."""
+        """Give the loop's connection its session settings, once per connection (not to a
+        pooled one: the settings would go back to the pool with it, to other code)."""
         connection = connections[self.using]
         connection.ensure_connection()
-        if connection.connection is not self._session:
+        if connection.connection is not self._session and getattr(connection, "pool",
+                                                                  None) is None:
             with connection.cursor() as cursor:
                 cursor.execute(SESSION_SQL, [LOCK_TIMEOUT, STATEMENT_TIMEOUT])
             self._session = connection.connection
@@ -634,9 +636,12 @@ class Worker:
 
     def _after_task(self) -> None:
         # A handler may have broken its connection (or left a transaction open): reset it so
-        # the next task in this thread starts clean. Healthy connections are kept for reuse.
+        # the next task in this thread starts clean. Healthy connections are kept for reuse,
+        # except pooled ones (OPTIONS["pool"]), which go back to the pool between tasks so
+        # that threads share a bounded number of connections.
         for conn in connections.all(initialized_only=True):
-            if conn.in_atomic_block or (conn.errors_occurred and not conn.is_usable()):
+            if (conn.in_atomic_block or getattr(conn, "pool", None) is not None
+                    or (conn.errors_occurred and not conn.is_usable())):
                 conn.close()
         if self.task_pause:
             self._stop.wait(self.task_pause)

@@ -29,6 +29,11 @@ DATABASES = {
         "pgtasks", embedded_dir=Path(__file__).resolve().parent.parent / ".pgdata" / "embedded"
     )
 }
+# Worker processes of the connection budget test share a pool of this many connections each
+# (tests/test_connection_budget.py).
+if os.environ.get("PGTASKS_TEST_POOL"):
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1, "max_size": int(os.environ["PGTASKS_TEST_POOL"]), "timeout": 60}
 # Only used to prove the system check that refuses a non-PostgreSQL task database.
 DATABASES["not_postgres"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
 # One test database per test run, so several runs (e.g. two Django versions) can share a server.
