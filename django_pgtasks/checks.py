@@ -307,7 +307,7 @@ def check_connection_budget(
                 f"One worker process with PGTASKS['CONCURRENCY'] = {threads} threads needs "
                 f"up to {needed} connections to database {alias!r}, whose server accepts "
                 f"{available} (max_connections {max_connections} minus "
-                f"{superuser_reserved + reserved} reserved): its threads would fail with "
+                f"{superuser_reserved + reserved} reserved): its threads may fail with "
                 f"'too many clients'.",
                 hint=advice(alias, 1, available), obj="PGTASKS", id="django_pgtasks.W050",
             ))
