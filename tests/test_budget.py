@@ -65,3 +65,39 @@ def test_advice_names_the_largest_setting_that_fits() -> None:
     assert "max_connections" in text
     assert text.endswith(".")
     assert "fewer processes" in advice("default", 50, 97)  # 1 per process: not even the two
+
+
+# -- run_pgtasks ---------------------------------------------------------------------------
+
+
+def server_limits() -> tuple[int, int]:
+    from django.db import connection
+
+    from django_pgtasks.budget import SERVER_LIMITS_SQL
+
+    with connection.cursor() as cursor:
+        cursor.execute(SERVER_LIMITS_SQL)
+        max_connections, superuser_reserved, reserved = cursor.fetchone()
+    return max_connections, available_connections(max_connections, superuser_reserved, reserved)
+
+
+@pytest.mark.slow
+def test_run_pgtasks_warns_at_start_when_its_processes_cannot_all_connect(run_command) -> None:
+    max_connections, available = server_limits()
+    assert available < 4 * 32, "the test expects a server that cannot take 128 clients"
+    result = run_command("run_pgtasks", "--burst", "--processes", "4", "--concurrency", "30")
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if "Connection budget" in line]
+    assert " WARNING " in line
+    assert (f"Connection budget exceeded: database=default processes=4 concurrency=30 need "
+            f"up to 128 connections, but the server accepts {available} "
+            f"(max_connections={max_connections} minus") in line
+    assert advice("default", 4, available) in line
+
+
+@pytest.mark.slow
+def test_run_pgtasks_within_the_budget_says_nothing_about_it(run_command) -> None:
+    result = run_command("run_pgtasks", "--burst", "--concurrency", "2")
+    assert result.returncode == 0, result.stderr
+    assert "Worker" in result.stderr  # it did log, just not about connections
+    assert "Connection budget" not in result.stderr
