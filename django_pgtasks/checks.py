@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
+from .budget import SERVER_LIMITS_SQL, advice, available_connections, connections_needed
 from .conf import DEFAULTS, pgtasks_settings
 from .retry import POLICIES
 from .validation import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RE
@@ -249,3 +250,65 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warn
         errors.append(make(problem.message, hint=problem.hint, obj="PGTASKS",
                            id=f"django_pgtasks.{problem.id}"))
     return errors
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@register(Tags.compatibility)
+def check_shutdown_grace(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """A worker finishing its tasks after SIGTERM must not be taken for lost meanwhile."""
+    grace = pgtasks_settings.SHUTDOWN_GRACE
+    timeout = pgtasks_settings.WORKER_TIMEOUT
+    if not (_is_number(grace) and _is_number(timeout)) or grace < timeout:
+        return []  # E010 reports values that are not numbers
+    return [_error(
+        f"PGTASKS['SHUTDOWN_GRACE'] ({grace}s) must be less than PGTASKS['WORKER_TIMEOUT'] "
+        f"({timeout}s): a worker still finishing its tasks after SIGTERM could be taken for "
+        f"lost, and its tasks run a second time elsewhere.", "E015",
+        hint="Lower SHUTDOWN_GRACE, or raise WORKER_TIMEOUT above it.",
+    )]
+
+
+@register(Tags.database)
+def check_connection_budget(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Warning]:
+    """One worker process with ``CONCURRENCY`` threads fits in the connections each queue
+    database's server accepts (:mod:`django_pgtasks.budget`).
+
+    Like :func:`check_queue_tables`, only the aliases in ``databases`` are queried.
+    ``run_pgtasks`` repeats the comparison at start with its own ``--processes`` and
+    ``--concurrency``.
+    """
+    threads = pgtasks_settings.CONCURRENCY
+    queues = pgtasks_settings.QUEUES
+    if (not databases or not queues or not isinstance(queues, list | tuple | dict)
+            or not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
+            or check_database() or check_queue_databases()):
+        return []  # the settings checks report what is wrong with these
+    from .routing import queue_databases
+
+    warnings: list[Warning] = []
+    for alias in queue_databases():
+        if alias not in databases:
+            continue
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute(SERVER_LIMITS_SQL)
+                max_connections, superuser_reserved, reserved = cursor.fetchone()
+        except DatabaseError:
+            continue  # check_queue_tables reports the unreachable database (W041)
+        available = available_connections(max_connections, superuser_reserved, reserved)
+        needed = connections_needed(1, threads, connections[alias].settings_dict)
+        if needed > available:
+            warnings.append(Warning(
+                f"One worker process with PGTASKS['CONCURRENCY'] = {threads} threads needs "
+                f"up to {needed} connections to database {alias!r}, whose server accepts "
+                f"{available} (max_connections {max_connections} minus "
+                f"{superuser_reserved + reserved} reserved): its threads may fail with "
+                f"'too many clients'.",
+                hint=advice(alias, 1, available), obj="PGTASKS", id="django_pgtasks.W050",
+            ))
+    return warnings

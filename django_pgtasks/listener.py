@@ -18,8 +18,11 @@ stop until the worker's next heartbeat, which looks for such requests too.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -57,13 +60,21 @@ class Listener:
         *,
         worker_id: str | None = None,
         on_cancel: Callable[[int], None] | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.using = using
         self.worker_id = worker_id
         self.on_cancel = on_cancel
         self.queues = set(queues)
         self.wakeup = wakeup
+        #: Seconds one wait for notifications lasts at most (``None``: until a notification
+        #: arrives or :meth:`stop` interrupts it, which it does at once either way).
+        self.timeout = timeout
         self._stopped = threading.Event()
+        # The sending end of the socket pair that interrupts the thread's wait; set while the
+        # thread runs (see _run), guarded by _interrupt_lock.
+        self._interrupt_sender: socket.socket | None = None
+        self._interrupt_lock = threading.Lock()
         # time.monotonic() of each delayed task heard of (a heap: the earliest first).
         self._due: list[float] = []
         self._lock = threading.Lock()
@@ -74,7 +85,14 @@ class Listener:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop listening; returns once the thread has ended (its wait is interrupted, not
+        waited out), or after 5 seconds if it is stuck connecting."""
         self._stopped.set()
+        with self._interrupt_lock:
+            if self._interrupt_sender is not None:
+                # A full buffer means that a byte is pending already: the wait ends anyway.
+                with contextlib.suppress(OSError):
+                    self._interrupt_sender.send(b"\0")
         self._thread.join(timeout=5)
 
     def seconds_until_due(self) -> float | None:
@@ -129,6 +147,23 @@ class Listener:
         return conn
 
     def _run(self) -> None:
+        # A threading.Event cannot be waited on together with a socket: the thread waits on
+        # the connection and on one end of a socket pair, into which stop() writes a byte.
+        receiver, sender = socket.socketpair()
+        sender.setblocking(False)
+        with self._interrupt_lock:
+            self._interrupt_sender = sender
+        try:
+            self._listen(receiver)
+        finally:
+            with self._interrupt_lock:
+                self._interrupt_sender = None
+            sender.close()
+            receiver.close()
+
+    def _listen(self, interrupt: socket.socket) -> None:
+        """Connect, LISTEN and dispatch notifications until stopped, reconnecting when the
+        connection is lost."""
         pause = 0.5
         while not self._stopped.is_set():
             try:
@@ -143,13 +178,20 @@ class Listener:
             # Anything sent while we were not listening is lost: look for work once.
             self.wakeup.set()
             try:
-                with conn:
+                with conn, selectors.DefaultSelector() as selector:
+                    selector.register(conn.fileno(), selectors.EVENT_READ)
+                    selector.register(interrupt, selectors.EVENT_READ)
                     while not self._stopped.is_set():
-                        for notification in conn.notifies(timeout=0.5):
+                        # What has arrived, without waiting: notifications received along
+                        # with a command's result are already buffered, and the socket
+                        # would not show them as readable.
+                        for notification in conn.notifies(timeout=0):
                             if notification.channel == CANCEL_CHANNEL:
                                 self._handle_cancel(notification.payload)
                             else:
                                 self._handle(notification.payload)
+                        # Until the server sends something (or closes), or stop() writes.
+                        selector.select(self.timeout)
             except psycopg.Error as exc:
                 self.connected.clear()
                 if not self._stopped.is_set():

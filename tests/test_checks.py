@@ -73,3 +73,40 @@ def test_settings_are_read_lazily_and_follow_overrides(settings) -> None:
     assert default_poll_interval == pgtasks_settings.POLL_INTERVAL
     with pytest.raises(AttributeError, match="Unknown django-pgtasks setting 'NOPE'"):
         _ = pgtasks_settings.NOPE
+
+
+@pytest.mark.django_db
+def test_a_concurrency_the_server_cannot_serve_is_a_warning(settings) -> None:
+    from django.db import connection
+
+    from django_pgtasks.checks import check_connection_budget
+
+    assert check_connection_budget(databases=["default"]) == []  # the defaults fit
+    settings.PGTASKS = {"CONCURRENCY": 200}
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW max_connections")
+        max_connections = int(cursor.fetchone()[0])
+    assert max_connections < 202, "the test expects a server that cannot take 202 clients"
+    [warning] = check_connection_budget(databases=["default"])
+    assert warning.id == "django_pgtasks.W050"
+    assert "CONCURRENCY'] = 200 threads needs up to 202 connections" in warning.msg
+    assert f"max_connections {max_connections} minus" in warning.msg
+    assert "'pool'" in warning.hint
+    # Only `check --database` queries the server, like Django's own database checks.
+    assert check_connection_budget(databases=None) == []
+
+
+@pytest.mark.parametrize(("grace", "timeout"), [(60.0, 60.0), (90, 60.0)])
+def test_a_shutdown_grace_as_long_as_the_worker_timeout_is_an_error(
+    settings, grace: float, timeout: float
+) -> None:
+    from django_pgtasks.checks import check_shutdown_grace
+
+    settings.PGTASKS = {"SHUTDOWN_GRACE": grace, "WORKER_TIMEOUT": timeout}
+    [error] = check_shutdown_grace()
+    assert error.id == "django_pgtasks.E015"
+    assert error.msg.endswith(".")
+    settings.PGTASKS = {"SHUTDOWN_GRACE": 59.9, "WORKER_TIMEOUT": 60.0}
+    assert check_shutdown_grace() == []
+    settings.PGTASKS = {"SHUTDOWN_GRACE": "soon"}  # E010's business
+    assert check_shutdown_grace() == []

@@ -13,11 +13,22 @@ import os
 import sys
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
+from django_pgtasks.budget import (
+    SERVER_LIMITS_SQL,
+    advice,
+    available_connections,
+    connections_needed,
+)
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.listener import open_connection
 from django_pgtasks.routing import database_for_queue, queue_databases, queues_on
+
+logger = logging.getLogger("django_pgtasks.run_pgtasks")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: application_name of every database session a run_pgtasks process opens.
@@ -46,6 +57,34 @@ def _positive_number(value: str) -> float:
     if number < 0:
         raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
     return number
+
+
+def warn_if_over_budget(alias: str, processes: int, threads: int) -> None:
+    """Log a WARNING when ``processes`` worker processes of ``threads`` threads may need more
+    connections to ``alias`` than its server accepts (:mod:`django_pgtasks.budget`)."""
+    if connections[alias].vendor != "postgresql":
+        return  # the worker refuses such a database itself (and check E002 reports it)
+    try:
+        # A connection of its own, closed at once: nothing opened here outlives the start-up
+        # or is shared with the workers (or with a pool they would inherit).
+        with open_connection(alias) as conn:
+            max_connections, superuser_reserved, reserved = conn.execute(
+                SERVER_LIMITS_SQL
+            ).fetchone()
+    except psycopg.Error as exc:
+        logger.info("Connection budget not checked: database=%s could not be read: %s",
+                    alias, str(exc).strip())
+        return
+    available = available_connections(max_connections, superuser_reserved, reserved)
+    needed = connections_needed(processes, threads, connections[alias].settings_dict)
+    if needed > available:
+        logger.warning(
+            "Connection budget exceeded: database=%s processes=%d concurrency=%d need up to "
+            "%d connections, but the server accepts %d (max_connections=%d minus %d "
+            "reserved); busy workers may fail with 'too many clients'. %s",
+            alias, processes, threads, needed, available, max_connections,
+            superuser_reserved + reserved, advice(alias, processes, available),
+        )
 
 
 class Command(BaseCommand):
@@ -110,6 +149,10 @@ class Command(BaseCommand):
         # tell them apart in pg_stat_activity.
         os.environ.setdefault("PGAPPNAME", WORKER_APPLICATION_NAME)
         processes = options["processes"]
+        for group in groups:
+            warn_if_over_budget(
+                group["using"], processes, group["concurrency"] or pgtasks_settings.CONCURRENCY
+            )
         if processes > 1 or len(groups) > 1:
             from django_pgtasks.supervisor import Supervisor
 
