@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable, Iterable
 
 import psycopg
-from django.db import connections
+
+from .sessions import open_connection
 
 logger = logging.getLogger("django_pgtasks.listener")
 
@@ -39,18 +40,18 @@ CANCEL_CHANNEL = "pgtasks_cancel"
 MAX_REMEMBERED = 10_000
 
 
-def open_connection(using: str) -> psycopg.Connection:
-    """A new autocommit psycopg connection to database ``using``, outside Django's pool (a
-    LISTEN needs a session of its own)."""
-    params = connections[using].get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    params.pop("prepare_threshold", None)
-    return psycopg.connect(**params, autocommit=True)
+__all__ = ["CANCEL_CHANNEL", "CHANNEL", "Listener", "open_connection"]
 
 
 class Listener:
-    """Listens for notifications about ``queues`` and sets ``wakeup`` when one matters."""
+    """Listens for notifications about ``queues`` and sets ``wakeup`` when one matters.
+
+    Its thread is also the worker's *watchdog*: with ``on_tick``, it calls ``on_tick(conn)``
+    every ``tick`` seconds with its own connection (heartbeats, time limits), ``on_connect``
+    after each (re)connection and ``on_stop`` before it ends, so a worker's liveness and its
+    notifications share one session. ``listen=False`` (poolers that cannot ``LISTEN``) keeps
+    the session and the ticks without listening.
+    """
 
     def __init__(
         self,
@@ -61,6 +62,11 @@ class Listener:
         worker_id: str | None = None,
         on_cancel: Callable[[int], None] | None = None,
         timeout: float | None = None,
+        listen: bool = True,
+        tick: float | None = None,
+        on_connect: Callable[[psycopg.Connection], object] | None = None,
+        on_tick: Callable[[psycopg.Connection], object] | None = None,
+        on_stop: Callable[[psycopg.Connection], object] | None = None,
     ) -> None:
         self.using = using
         self.worker_id = worker_id
@@ -70,6 +76,11 @@ class Listener:
         #: Seconds one wait for notifications lasts at most (``None``: until a notification
         #: arrives or :meth:`stop` interrupts it, which it does at once either way).
         self.timeout = timeout
+        self.listen = listen
+        self.tick = tick
+        self.on_connect = on_connect
+        self.on_tick = on_tick
+        self.on_stop = on_stop
         self._stopped = threading.Event()
         # The sending end of the socket pair that interrupts the thread's wait; set while the
         # thread runs (see _run), guarded by _interrupt_lock.
@@ -141,9 +152,17 @@ class Listener:
 
     def _connect(self) -> psycopg.Connection:
         conn = open_connection(self.using)
-        if self.on_cancel is not None:
-            conn.execute(f"LISTEN {CANCEL_CHANNEL}")
-        conn.execute(f"LISTEN {CHANNEL}")  # last: what pg_stat_activity shows for the session
+        try:
+            if self.listen:
+                if self.on_cancel is not None:
+                    conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+                # Last: what pg_stat_activity shows for the session.
+                conn.execute(f"LISTEN {CHANNEL}")
+            if self.on_connect is not None:
+                self.on_connect(conn)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def _run(self) -> None:
@@ -171,7 +190,8 @@ class Listener:
             except psycopg.Error as exc:
                 logger.warning("Listener could not connect: %s; retrying in %.1fs.", exc, pause)
                 self._stopped.wait(pause)
-                pause = min(pause * 2, 30.0)
+                # As a watchdog, come back quickly: the worker's liveness depends on it.
+                pause = min(pause * 2, 2.0 if self.on_tick is not None else 30.0)
                 continue
             pause = 0.5
             self.connected.set()
@@ -181,6 +201,7 @@ class Listener:
                 with conn, selectors.DefaultSelector() as selector:
                     selector.register(conn.fileno(), selectors.EVENT_READ)
                     selector.register(interrupt, selectors.EVENT_READ)
+                    next_tick = time.monotonic()
                     while not self._stopped.is_set():
                         # What has arrived, without waiting: notifications received along
                         # with a command's result are already buffered, and the socket
@@ -190,8 +211,19 @@ class Listener:
                                 self._handle_cancel(notification.payload)
                             else:
                                 self._handle(notification.payload)
-                        # Until the server sends something (or closes), or stop() writes.
-                        selector.select(self.timeout)
+                        wait = self.timeout
+                        if self.on_tick is not None:
+                            now = time.monotonic()
+                            if now >= next_tick:
+                                self.on_tick(conn)
+                                next_tick = now + (self.tick or 1.0)
+                            until_tick = max(next_tick - time.monotonic(), 0.0)
+                            wait = until_tick if wait is None else min(wait, until_tick)
+                        # Until the server sends something (or closes), stop() writes, or
+                        # the next tick.
+                        selector.select(wait)
+                    if self.on_stop is not None:
+                        self.on_stop(conn)
             except psycopg.Error as exc:
                 self.connected.clear()
                 if not self._stopped.is_set():

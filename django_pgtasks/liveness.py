@@ -33,13 +33,15 @@ import json
 import logging
 import os
 import socket
+import threading
 from dataclasses import dataclass
-from typing import Any
 
+import psycopg
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from . import maintenance
 from .conf import pgtasks_settings
+from .sessions import open_connection
 from .transitions import (
     ABANDONED_SQL,
     LOCK_NAMESPACE,
@@ -107,10 +109,13 @@ def rescue(using: str | None = None, *, dry_run: bool = False) -> list[Rescued] 
 
 
 class Liveness:
-    """Registration, liveness lock and heartbeat of one worker, on its own connection.
+    """Registration, liveness lock and heartbeat of one worker, on a session of its own.
 
-    Every method survives database errors: it logs, drops the connection, and the next
-    heartbeat reconnects and registers again.
+    The session is a dedicated psycopg connection (:func:`~django_pgtasks.sessions.
+    open_connection`, never a pooled one: the lock lives as long as the session): opened here,
+    or the worker's watchdog connection handed over with :meth:`use`. Every method survives
+    database errors: it logs and closes the session; the next heartbeat (or the watchdog's
+    reconnection) registers again.
     """
 
     def __init__(self, name: str, queues: list[str], concurrency: int, using: str) -> None:
@@ -120,16 +125,25 @@ class Liveness:
         self.using = using
         self.use_lock = pgtasks_settings.LIVENESS == "advisory_lock"
         self.pk: int | None = None
-        self._connection: Any = None
+        self._connection: psycopg.Connection | None = None
+        self._lock = threading.Lock()
 
-    def _cursor(self) -> Any:
-        if self._connection is None:
-            self._connection = connections.create_connection(self.using)
+    def use(self, connection: psycopg.Connection) -> None:
+        """Register on ``connection`` (a new session of the watchdog) from now on."""
+        with self._lock:
+            self._connection = connection
+            self.pk = None
+        self.register()
+
+    def _cursor(self) -> psycopg.Cursor:
+        if self._connection is None or self._connection.closed:
+            self._connection = open_connection(self.using)
+            self.pk = None
         return self._connection.cursor()
 
     def register(self) -> None:
         """Insert (or take over) this worker's row and take its liveness lock."""
-        with self._cursor() as cursor:
+        with self._lock, self._cursor() as cursor:
             cursor.execute(
                 """
                 INSERT INTO pgtasks_worker (name, hostname, pid, queues, concurrency,
@@ -142,8 +156,8 @@ class Liveness:
                 [self.name, socket.gethostname()[:255], os.getpid(),
                  json.dumps(self.queues), self.concurrency],
             )
-            self.pk = cursor.fetchone()[0]
-            key = lock_key(self.pk) if self.use_lock else None
+            pk = cursor.fetchone()[0]
+            key = lock_key(pk) if self.use_lock else None
             if key is not None:
                 cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_NAMESPACE, key])
                 if not cursor.fetchone()[0]:
@@ -151,17 +165,17 @@ class Liveness:
                     # alive meanwhile, and the lock then counts as held by us.
                     logger.warning("Worker %s: liveness lock %s is held elsewhere.", self.name,
                                    key)
-            cursor.execute("UPDATE pgtasks_worker SET lock_key = %s WHERE id = %s",
-                           [key, self.pk])
+            cursor.execute("UPDATE pgtasks_worker SET lock_key = %s WHERE id = %s", [key, pk])
+            self.pk = pk
         logger.debug("Worker %s registered as pgtasks_worker id=%s.", self.name, self.pk)
 
     def heartbeat(self) -> bool:
         """Refresh ``last_seen_at``; re-register if the row is gone. ``False`` on error."""
         try:
-            if self.pk is None or self._connection is None:
+            if self.pk is None or self._connection is None or self._connection.closed:
                 self.register()
                 return True
-            with self._cursor() as cursor:
+            with self._lock, self._cursor() as cursor:
                 cursor.execute(
                     "UPDATE pgtasks_worker SET last_seen_at = now() WHERE id = %s", [self.pk]
                 )
@@ -173,42 +187,42 @@ class Liveness:
                 )
                 self.register()
             return True
-        except (DatabaseError, InterfaceError) as exc:
+        except (psycopg.Error, DatabaseError, InterfaceError) as exc:
             logger.error("Worker %s: heartbeat failed: %s", self.name, exc)
             self.close()
             return False
 
     def cancel_requests(self, ids: list[int]) -> list[int]:
         """Which of the running tasks ``ids`` of this worker were asked to stop; on the
-        liveness connection (the safety net for a lost ``NOTIFY``). ``[]`` on error."""
+        liveness session (the safety net for a lost ``NOTIFY``). ``[]`` on error."""
         if not ids or self._connection is None:
             return []
         try:
-            with self._cursor() as cursor:
+            with self._lock, self._cursor() as cursor:
                 cursor.execute(CANCEL_REQUESTS_SQL, [ids, self.name])
                 return [row[0] for row in cursor.fetchall()]
-        except (DatabaseError, InterfaceError) as exc:
+        except (psycopg.Error, DatabaseError, InterfaceError) as exc:
             logger.error("Worker %s: could not look for cancelled tasks: %s", self.name, exc)
             self.close()
             return []
 
     def unregister(self) -> None:
         try:
-            if self.pk is not None:
-                with self._cursor() as cursor:
+            if self.pk is not None and self._connection is not None:
+                with self._lock, self._cursor() as cursor:
                     cursor.execute("DELETE FROM pgtasks_worker WHERE id = %s", [self.pk])
-        except (DatabaseError, InterfaceError) as exc:
+        except (psycopg.Error, DatabaseError, InterfaceError) as exc:
             logger.warning("Worker %s could not unregister: %s", self.name, exc)
         finally:
             self.close()
 
     def close(self) -> None:
-        """Close the liveness connection (which releases the lock) without unregistering."""
-        if self._connection is not None:
-            with contextlib.suppress(DatabaseError, InterfaceError):
-                self._connection.close()
-            self._connection = None
-            self.pk = None
+        """Close the liveness session (which releases the lock) without unregistering."""
+        connection, self._connection = self._connection, None
+        self.pk = None
+        if connection is not None:
+            with contextlib.suppress(psycopg.Error):
+                connection.close()
 
 
 maintenance.register(maintenance.Job(

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from .exceptions import PgTasksError, TaskWaitTimeout
-from .listener import open_connection
+from .sessions import open_connection
 
 if TYPE_CHECKING:
     from .compat import TaskResult

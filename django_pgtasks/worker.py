@@ -146,8 +146,7 @@ class Worker:
         self.liveness = Liveness(self.worker_id, self.queues, self.concurrency, self.using)
         #: Records every outcome (the invariant: recorded, or back in the queue).
         self.recorder = Recorder(self.using, give_up=self._force)
-        self._watchdog: threading.Thread | None = None
-        self._watching = threading.Event()
+        self._next_heartbeat = 0.0
         self.processed = 0
 
     # -- the loop --------------------------------------------------------------------------
@@ -162,14 +161,7 @@ class Worker:
         )
         pool = self._pool = ThreadPool(self.concurrency, self._execute, self._wakeup,
                                        on_crash=self._crashed)
-        listener = None
-        if pgtasks_settings.LISTEN:
-            listener = self.listener = Listener(
-                self.using, self.queues, self._wakeup, worker_id=self.worker_id,
-                on_cancel=self._stop_task,
-            )
-            listener.start()
-        self._start_watchdog()  # registers the worker before its first claim
+        listener = self.listener = self._start_watchdog()  # registers the worker first
         try:
             look = True  # is there reason to claim? (start-up, a wake-up, a full last claim)
             while not self._stop.is_set():
@@ -204,14 +196,11 @@ class Worker:
                 # retry), after its snapshot.
                 if not busy and not recording and self.burst and retry_in is None:
                     break
-                if listener is not None:
-                    listener.claimed_all_due()
+                listener.claimed_all_due()
             code = max(self._shutdown(pool), self._exit_code)
         finally:
             self._record_outcomes(everything=True)
-            self._stop_watchdog()  # unregisters the worker
-            if listener is not None:
-                listener.stop()
+            listener.stop()  # unregisters the worker
             connections[self.using].close()
         logger.info("Worker %s stopped after %d task(s).", self.worker_id, self.processed)
         return code
@@ -352,47 +341,42 @@ class Worker:
 
     # -- the watchdog: liveness that nothing in the loop can block ---------------------------
 
-    def _start_watchdog(self) -> None:
-        """Start the watchdog thread and wait (briefly) until it registered the worker."""
-        self._watching.set()
+    def _start_watchdog(self) -> Listener:
+        """Start the watchdog, a thread with one session of its own, and wait (briefly) until
+        it registered the worker. It listens for notifications (unless ``LISTEN`` is off)
+        and every ``WATCH_TICK`` does what no claim waiting on a lock, slow maintenance job
+        or shutdown grace may delay: heartbeats, the cancellation safety net, time limits and
+        the supervisor check. The liveness lock is held by the same session."""
         registered = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, args=(registered,),
-                                          name="pgtasks-watchdog", daemon=True)
-        self._watchdog.start()
+
+        def on_connect(conn: Any) -> None:
+            self.liveness.use(conn)
+            registered.set()
+
+        watchdog = Listener(
+            self.using, self.queues, self._wakeup, worker_id=self.worker_id,
+            on_cancel=self._stop_task, listen=bool(pgtasks_settings.LISTEN), tick=WATCH_TICK,
+            on_connect=on_connect, on_tick=self._watch,
+            on_stop=lambda conn: self.liveness.unregister(),
+        )
+        watchdog.start()
         registered.wait(timeout=5)
+        return watchdog
 
-    def _stop_watchdog(self) -> None:
-        self._watching.clear()
-        if self._watchdog is not None:
-            self._watchdog.join(timeout=30)
-
-    def _watch(self, registered: threading.Event) -> None:
-        """On its own thread and connections, until the worker has shut down: registration,
-        heartbeats, the cancellation safety net, time limits, the supervisor check, and
-        unregistration. A claim waiting on a lock, a slow maintenance job or the shutdown
-        grace never delay them."""
-        self.liveness.heartbeat()  # registers
-        registered.set()
-        next_heartbeat = time.monotonic() + pgtasks_settings.HEARTBEAT_INTERVAL
+    def _watch(self, conn: Any) -> None:
+        """One turn of the watchdog (on its thread; ``conn`` is its session)."""
         try:
-            while self._watching.is_set():
-                now = time.monotonic()
-                if now >= next_heartbeat:
-                    self.liveness.heartbeat()
-                    next_heartbeat = now + pgtasks_settings.HEARTBEAT_INTERVAL
-                    self._look_for_cancellations()
-                if self._pool is not None:
-                    for task, limit in self._pool.overdue():
-                        self._time_out(self._pool, task, limit)
-                self._check_parent()
-                time.sleep(WATCH_TICK)
-        except Exception:
-            logger.exception("Worker %s: the watchdog thread failed; stopping.", self.worker_id)
-            self._exit_code = 1
-            self.stop()
-        finally:
-            self.liveness.unregister()
-            connections.close_all()
+            now = time.monotonic()
+            if now >= self._next_heartbeat:
+                self.liveness.heartbeat()
+                self._next_heartbeat = now + pgtasks_settings.HEARTBEAT_INTERVAL
+                self._look_for_cancellations()
+            if self._pool is not None:
+                for task, limit in self._pool.overdue():
+                    self._time_out(self._pool, task, limit)
+            self._check_parent()
+        except Exception:  # never let a defect here end the watchdog (and the liveness)
+            logger.exception("Worker %s: error in the watchdog.", self.worker_id)
 
     def _stop_task(self, pk: int) -> None:
         """Ask the handler running task ``pk`` to stop (thread-safe; unknown ids ignored)."""

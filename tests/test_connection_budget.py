@@ -1,6 +1,6 @@
 """The classic exactly-once run at 100 threads, within a server's default connection limit.
 
-4 worker processes × 25 threads, 100,000 tasks in exactly-once mode (each handler logs its
+4 worker processes x 25 threads, 100,000 tasks in exactly-once mode (each handler logs its
 execution in the transaction that records its success). Each thread would hold a connection
 of its own, 100 in all plus the workers' own, past PostgreSQL's default ``max_connections =
 100``; with Django's connection pool (``OPTIONS["pool"]``) threads hand their connection back

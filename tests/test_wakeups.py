@@ -10,8 +10,9 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 
-from django_pgtasks.models import Status, Task
+from django_pgtasks.models import Status, Task, WorkerProcess
 from django_pgtasks.worker import Worker
+from tests.helpers import wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -131,15 +132,15 @@ def test_the_listener_reconnects_after_its_backend_is_terminated(quiet) -> None:
     worker = Worker(concurrency=1, poll_interval=60)
     thread = run_in_thread(worker)
     try:
+        # The watchdog's session listens, and holds the worker's registration.
+        wait_until(lambda: WorkerProcess.objects.filter(name=worker.worker_id).exists(), 10)
+        old = WorkerProcess.objects.get(name=worker.worker_id).backend_pid
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                           "WHERE query = 'LISTEN pgtasks' AND datname = current_database()")
-            assert cursor.fetchone()[0] == 1
-        time.sleep(0.2)
-        deadline = time.monotonic() + 10
-        while not worker.listener.connected.is_set():
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+            cursor.execute("SELECT pg_terminate_backend(%s)", [old])
+            assert cursor.fetchone()[0]
+        # Registered again from a new session: it listens again.
+        wait_until(lambda: WorkerProcess.objects.filter(name=worker.worker_id).exclude(
+            backend_pid=old).exists(), 15, "the watchdog to reconnect")
         task = Task.objects.enqueue(tasks.noop)
         wait_for_status(task, Status.SUCCESSFUL, timeout=10)
     finally:
@@ -184,8 +185,13 @@ def test_without_listen_the_worker_polls(settings) -> None:
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     try:
-        time.sleep(0.3)
-        assert worker.listener is None
+        # The watchdog keeps its session (liveness) but listens to nothing.
+        wait_until(lambda: WorkerProcess.objects.filter(name=worker.worker_id).exists(), 10)
+        assert not worker.listener.listen
+        backend = WorkerProcess.objects.get(name=worker.worker_id).backend_pid
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [backend])
+            assert "LISTEN" not in cursor.fetchone()[0]
         task = Task.objects.enqueue(tasks.noop)
         wait_for_status(task, Status.SUCCESSFUL, timeout=10)
     finally:

@@ -25,8 +25,8 @@ from django_pgtasks.budget import (
     connections_needed,
 )
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.listener import open_connection
 from django_pgtasks.routing import database_for_queue, queue_databases, queues_on
+from django_pgtasks.sessions import open_connection
 
 logger = logging.getLogger("django_pgtasks.run_pgtasks")
 
