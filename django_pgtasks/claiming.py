@@ -131,6 +131,7 @@ def claim_statement(
     sql = (
         f"WITH {', '.join(ctes)} "
         f"UPDATE {t} SET status = 'RUNNING', locked_by = %s, locked_at = now(), "
+        f"claims = {t}.claims + 1, "
         f"started_at = now(), finished_at = NULL, attempt = {t}.attempt + 1, updated_at = now(), "
         f"worker_ids = {t}.worker_ids || jsonb_build_array(%s::text) "
         f"FROM picked WHERE {t}.id = picked.id RETURNING {returning}"

@@ -480,7 +480,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
 
     # -- ending a run: thin faces of django_pgtasks.transitions, where each statement is
     #    written and explained once. All are guarded by the run's lease (the worker and the
-    #    claim's locked_at): ``False`` (or a missing id) means the task was no longer held.
+    #    number of the claim, ``claims``): ``False`` (or a missing id) means the task was no
+    #    longer held.
 
     def mark_succeeded(self, task: Task, result: Any = None, using: str | None = None) -> bool:
         """Record success; ``False`` if the worker no longer held the task (nothing changed)."""
@@ -710,6 +711,10 @@ class TaskFields(models.Model):
         help_text=_("Most tasks of the concurrency key that may run at once (with the key)."),
     )
     metadata = models.JSONField(_("metadata"), default=dict, blank=True)
+    claims = models.PositiveIntegerField(
+        _("claims"), default=0, db_default=0,
+        help_text=_("Raised by every claim: the running attempt's lease."),
+    )
     interruptions = models.PositiveSmallIntegerField(
         _("interruptions"), default=0, db_default=0,
         help_text=_("Runs cut off by a lost, stopped or disconnected worker; they spend no "

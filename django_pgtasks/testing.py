@@ -280,6 +280,9 @@ def _inline_runner_class() -> type:
             super().__init__(queues=list(queues) or None, concurrency=1, using=using,
                              worker_id=f"inline:{secrets.token_hex(4)}", task_pause=0.0)
             self.exception: BaseException | None = None
+            # No loop runs here to record handed-in outcomes: each is recorded at once, on
+            # the caller's connection (inside its transaction, if any).
+            self.batched = False
 
         def _call(self, handler: TaskHandler, task: Any) -> Any:
             connection = connections[self.using]

@@ -1,11 +1,12 @@
 """Every change of a claimed task's state: what happens to a task when its run ends.
 
-A claimed task is ``RUNNING`` under a *lease*: the worker's id (``locked_by``) and the time of
-the claim (``locked_at``), which every claim sets afresh. Each statement here ends a run and is
-*guarded* by that lease: it changes the row only if it is still ``RUNNING`` under the same
-lease, and returns the ids (and new states) it changed. A worker whose task was rescued,
-cancelled or requeued meanwhile changes nothing, and a task can never be both failed and
-succeeded. Every statement takes arrays, so one round trip records one run or a batch.
+A claimed task is ``RUNNING`` under a *lease*: the worker's id (``locked_by``) and the number
+of the claim (``claims``, raised by every claim, so it never repeats). Each statement here
+ends a run and is *guarded* by that lease: it changes the row only if it is still ``RUNNING``
+under the same lease, and returns the ids (and new states) it changed. A worker whose task
+was rescued, cancelled or requeued meanwhile changes nothing, and a task can never be both
+failed and succeeded. Every statement takes arrays, so one round trip records one run or a
+batch.
 
 How a run can end, kept apart:
 
@@ -39,7 +40,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
@@ -64,7 +64,8 @@ class Claimed(Protocol):
     pk: int
     name: str
     locked_by: str | None
-    locked_at: datetime | None
+    #: The lease: the number of the claim this run holds.
+    claims: int
 
 
 def append_error_sql(error: str = "%s", table: str = "pgtasks_task") -> str:
@@ -95,14 +96,14 @@ _WITHOUT_LAST_WORKER = "t.worker_ids - (jsonb_array_length(t.worker_ids) - 1)"
 
 #: The lease guard: still RUNNING under the worker and claim that the arrays name.
 _LEASED = ("t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker "
-           "AND t.locked_at = v.leased_at")
+           "AND t.claims = v.lease")
 
 # Successes: the (JSON text) result of each run; NULL for None.
 SUCCEED_SQL = f"""
     UPDATE pgtasks_task t SET {_unless_rerun("'SUCCESSFUL'")},
         result = v.result::jsonb, error_text = ''
-    FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::text[])
-         AS v(id, worker, leased_at, result)
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[])
+         AS v(id, worker, lease, result)
     WHERE {_LEASED}
     RETURNING t.id, t.status
 """
@@ -116,8 +117,8 @@ FAIL_SQL = f"""
         run_after=f"CASE WHEN {_CAN_RETRY} THEN now() + make_interval(secs => v.delay) "
                   f"ELSE t.run_after END")},
         error_text = v.error, errors = {append_error_sql("v.error", "t")}
-    FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::text[], %s::float8[])
-         AS v(id, worker, leased_at, error, delay)
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[], %s::float8[])
+         AS v(id, worker, lease, error, delay)
     WHERE {_LEASED}
     RETURNING t.id, t.status
 """
@@ -130,8 +131,8 @@ CANCEL_SQL = f"""
         error_text = v.error,
         errors = CASE WHEN v.error = '' THEN t.errors
                       ELSE {append_error_sql("v.error", "t")} END
-    FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::text[])
-         AS v(id, worker, leased_at, error)
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[])
+         AS v(id, worker, lease, error)
     WHERE {_LEASED}
     RETURNING t.id, t.status
 """
@@ -149,8 +150,8 @@ SNOOZE_SQL = f"""
                             'snoozes', coalesce((t.metadata ->> 'snoozes')::int, 0) + 1)
                         ELSE t.metadata END,
         cancel_requested = t.cancel_requested AND NOT t.rerun_requested
-    FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::float8[])
-         AS v(id, worker, leased_at, seconds)
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::float8[])
+         AS v(id, worker, lease, seconds)
     WHERE {_LEASED}
     RETURNING t.id, t.status
 """
@@ -188,8 +189,8 @@ def _interrupted_params() -> list[Any]:
 
 INTERRUPT_SQL = f"""
     UPDATE pgtasks_task t SET {_INTERRUPTED}
-    FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::text[])
-         AS v(id, worker, leased_at, error)
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[])
+         AS v(id, worker, lease, error)
     WHERE {_LEASED}
     RETURNING t.id, t.status
 """
@@ -201,7 +202,7 @@ UNCLAIM_SQL = f"""
         status = CASE WHEN t.attempt > 1 THEN 'AWAITING_RETRY' ELSE 'READY' END,
         attempt = t.attempt - 1, locked_at = NULL, started_at = NULL, updated_at = now(),
         worker_ids = {_WITHOUT_LAST_WORKER}, rerun_requested = false
-    FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[]) AS v(id, worker, leased_at)
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS v(id, worker, lease)
     WHERE {_LEASED}
     RETURNING t.id, t.status
 """
@@ -348,7 +349,7 @@ def write(using: str, runs: Sequence[tuple[Claimed, Outcome]]) -> dict[int, str]
             raise TypeError("write() takes outcomes of one kind.")
         columns[0].append(task.pk)
         columns[1].append(task.locked_by)
-        columns[2].append(task.locked_at)
+        columns[2].append(task.claims)
         values = extra(outcome)
         while len(columns) < 3 + len(values):
             columns.append([])
@@ -366,7 +367,7 @@ def unclaim(using: str, tasks: Sequence[Claimed]) -> dict[int, str]:
         return {}
     with connections[using].cursor() as cursor:
         cursor.execute(UNCLAIM_SQL, [[t.pk for t in tasks], [t.locked_by for t in tasks],
-                                     [t.locked_at for t in tasks]])
+                                     [t.claims for t in tasks]])
         return dict(cursor.fetchall())
 
 

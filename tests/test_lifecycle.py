@@ -340,3 +340,24 @@ def test_heartbeats_go_on_during_the_shutdown_grace(settings) -> None:
     task.refresh_from_db()
     assert (task.status, task.attempt, task.interruptions) == (Status.SUCCESSFUL, 1, 0)
     assert Execution.objects.filter(task_id=task.pk).count() == 1
+
+
+# -- the lease ----------------------------------------------------------------------------------
+
+
+def test_an_earlier_claim_in_the_same_transaction_cannot_end_a_later_one() -> None:
+    """Claims in one transaction share its now(): the lease is the claim's number, not its
+    time."""
+    from django.db import transaction
+
+    task = Task.objects.enqueue(tasks.noop)
+    with transaction.atomic():
+        [first] = Task.objects.claim("same-worker")
+        assert Task.objects.unclaim([first]) == 1
+        [second] = Task.objects.claim("same-worker")
+        assert first.locked_at == second.locked_at  # the same transaction time
+        assert second.claims == first.claims + 1
+        assert Task.objects.mark_succeeded(first, "stale") is False
+        assert Task.objects.mark_succeeded(second, "current") is True
+    task.refresh_from_db()
+    assert (task.status, task.result, task.claims) == (Status.SUCCESSFUL, "current", 2)

@@ -297,10 +297,10 @@ def test_workers_killed_on_both_databases_are_rescued_on_both(
     assert result.returncode == 0, result.stderr
     for alias, task in long.items():
         assert (f"Task id={task.pk} name={task.name} worker=doomed-{alias} "
-                f"status=AWAITING_RETRY database={alias}") in result.stdout
+                f"status=READY database={alias}") in result.stdout
         assert f"1 task(s) rescued on {alias}." in result.stdout
         row = on(alias).get(pk=task.pk)
-        assert row.status == Status.AWAITING_RETRY
+        assert (row.status, row.attempt, row.interruptions) == (Status.READY, 0, 1)
         assert "WorkerLost" in row.error_text
 
 
