@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from multiprocessing.connection import wait
 from types import FrameType
@@ -32,12 +33,23 @@ QUICK_DEATH = 5.0
 MAX_RESTART_PAUSE = 30.0
 
 
+def configure_logging(level: str) -> None:
+    """Send django_pgtasks logs to stderr unless the project's LOGGING already handles them."""
+    logger = logging.getLogger("django_pgtasks")
+    logger.setLevel(level)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s [%(processName)s %(process)d] %(message)s"
+        ))
+        logger.addHandler(handler)
+
+
 def _child_main(options: dict[str, Any], log_level: str) -> None:
     os.setpgrp()
     import django
 
     django.setup()
-    from .management.commands.run_pgtasks import configure_logging
     from .worker import Worker
 
     configure_logging(log_level)

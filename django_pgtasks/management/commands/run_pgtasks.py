@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import Any
 
 import psycopg
@@ -27,24 +26,13 @@ from django_pgtasks.budget import (
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.routing import database_for_queue, queue_databases, queues_on
 from django_pgtasks.sessions import open_connection
+from django_pgtasks.supervisor import configure_logging
 
 logger = logging.getLogger("django_pgtasks.run_pgtasks")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: application_name of every database session a run_pgtasks process opens.
 WORKER_APPLICATION_NAME = "pgtasks worker"
-
-
-def configure_logging(level: str) -> None:
-    """Send django_pgtasks logs to stderr unless the project's LOGGING already handles them."""
-    logger = logging.getLogger("django_pgtasks")
-    logger.setLevel(level)
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(
-            "%(asctime)s %(levelname)s [%(processName)s %(process)d] %(message)s"
-        ))
-        logger.addHandler(handler)
 
 
 def _positive_number(value: str) -> float:
