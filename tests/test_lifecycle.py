@@ -361,3 +361,27 @@ def test_an_earlier_claim_in_the_same_transaction_cannot_end_a_later_one() -> No
         assert Task.objects.mark_succeeded(second, "current") is True
     task.refresh_from_db()
     assert (task.status, task.result, task.claims) == (Status.SUCCESSFUL, "current", 2)
+
+
+def test_the_pause_between_claims_stays_short_while_the_server_refuses_connections(
+        settings) -> None:
+    """After an outage the loop tries again within RECONNECT_PAUSE_MAX, however long it
+    lasted; other database errors back off up to ERROR_PAUSE_MAX."""
+    import psycopg
+    from django.db import OperationalError, ProgrammingError
+
+    from django_pgtasks.worker import RECONNECT_PAUSE_MAX
+
+    settings.PGTASKS = {**settings.PGTASKS, "ERROR_PAUSE": 0.5, "ERROR_PAUSE_MAX": 30.0}
+    worker = Worker(concurrency=1)
+    worker._stop.set()  # the pauses return at once; the pause lengths are what is checked
+    refused = OperationalError("connection refused")
+    refused.__cause__ = psycopg.OperationalError("connection failed: Connection refused")
+    for _ in range(10):
+        worker._database_error("claiming tasks", refused)
+    assert worker._error_pause == RECONNECT_PAUSE_MAX == 2.0
+    broken = ProgrammingError("relation does not exist")
+    broken.__cause__ = psycopg.errors.UndefinedTable("relation does not exist")
+    for _ in range(10):
+        worker._database_error("claiming tasks", broken)
+    assert worker._error_pause == 30.0
