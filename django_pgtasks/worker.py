@@ -23,7 +23,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -598,7 +598,7 @@ class Worker:
                 task.attempt = max(task.attempt - 1, 0)
         if handler is not None:
             try:
-                handler.finished(task, self.worker_id, exc)
+                _while_handling(exc, lambda: handler.finished(task, self.worker_id, exc))
             except Exception:
                 logger.exception("Task id=%s: error in the handler's finished() callback.",
                                  task.pk)
@@ -680,6 +680,19 @@ class Worker:
         logger.warning("Worker %s exiting with %d task(s) unfinished; they were given back.",
                        self.worker_id, len(unfinished))
         return 1
+
+
+def _while_handling(exc: BaseException | None, callback: Callable[[], object]) -> None:
+    """Call ``callback`` while ``exc`` is being handled (``sys.exc_info()`` is set), as
+    receivers of a failure's ``task_finished`` expect (Django's own logging attaches the
+    traceback from there), even when it runs after the outcome was recorded elsewhere."""
+    if exc is None:
+        callback()
+        return
+    try:
+        raise exc
+    except BaseException:
+        callback()
 
 
 def _one_line(exc: BaseException) -> str:

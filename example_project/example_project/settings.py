@@ -126,11 +126,17 @@ PGTASKS = {
     "MAX_PAYLOAD_BYTES": 256 * 1024,
     # Deepest accepted nesting of lists/dicts in a payload.
     "MAX_PAYLOAD_DEPTH": 32,
+    # Largest accepted task result as JSON, in bytes; a larger one fails its task.
+    "MAX_RESULT_BYTES": 1024 * 1024,
+    # Times a task may be interrupted (worker killed, shut down, connection lost) and run
+    # again without spending an attempt.
+    "MAX_INTERRUPTIONS": 5,
     # Worker threads per worker process.
     "CONCURRENCY": 4,
     # Tasks claimed beyond the free threads (handy for many short tasks; 0 = none).
     "PREFETCH": 0,
-    # Seconds successes are collected to be recorded together (0 = each on its own).
+    # Seconds outcomes are collected to be recorded together by the worker's loop (0 = each
+    # thread records its own at once).
     "COMPLETION_WINDOW": 0.005,
     # Seconds an idle worker waits before looking again; new work wakes it at once (LISTEN).
     "POLL_INTERVAL": 5.0,
