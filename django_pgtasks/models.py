@@ -139,7 +139,8 @@ class TaskQuerySet(models.QuerySet):
     def retry_now(self) -> int:
         """Make pending, failed or cancelled tasks due now; return how many changed.
 
-        A task whose attempts are used up gets one more (``max_attempts = attempt + 1``).
+        A task whose attempts are used up gets one more (``max_attempts = attempt + 1``), and
+        its interruption budget starts afresh.
         Running and successful tasks are left alone, and so is a finished task whose key now
         belongs to another live task.
         """
@@ -153,7 +154,7 @@ class TaskQuerySet(models.QuerySet):
         ).update(
             status=Status.READY, run_after=Now(), updated_at=Now(),
             max_attempts=Greatest(F("max_attempts"), F("attempt") + 1),
-            cancel_requested=False,
+            cancel_requested=False, interruptions=0,
         )
 
     def cancel(self, *, running: bool = True) -> CancelResult:

@@ -385,3 +385,42 @@ def test_the_pause_between_claims_stays_short_while_the_server_refuses_connectio
     for _ in range(10):
         worker._database_error("claiming tasks", broken)
     assert worker._error_pause == 30.0
+
+
+def test_a_handler_module_that_fails_to_import_is_retried_as_an_interruption(
+        settings, subprocess_env, run_command) -> None:
+    """Deploy skew: a worker whose copy of the handler's module fails to import gives the
+    task back (no attempt spent) until the budget is used up, instead of failing it as an
+    unknown task at once; once the module imports, the task runs."""
+    from django_pgtasks.exceptions import HandlerImportError, TooManyInterruptions
+    from django_pgtasks.transitions import qualified_name
+    from tests.testapp.broken_tasks import FLAG
+
+    name = "tests.testapp.broken_tasks.some_task"
+    task = Task.objects.create(name=name, queue="default", max_attempts=1)
+    subprocess_env[FLAG] = "raise"
+    result = run_command("run_pgtasks", "--burst", "--queues", "default")
+    assert result.returncode == 0, result.stderr
+    task.refresh_from_db()
+    assert (task.status, task.attempt, task.interruptions) == (Status.FAILED, 1, 6)
+    assert task.error_text.startswith(qualified_name(TooManyInterruptions))
+    assert {e["error"].split(":")[0] for e in task.errors} == {qualified_name(HandlerImportError)}
+    # The module imports again (the deploy finished): an operator's retry runs it.
+    Task.objects.filter(pk=task.pk).retry_now()
+    assert Task.objects.get(pk=task.pk).interruptions == 0  # a fresh budget
+    del subprocess_env[FLAG]
+    result = run_command("run_pgtasks", "--burst", "--queues", "default")
+    assert result.returncode == 0, result.stderr
+    task.refresh_from_db()
+    assert (task.status, task.result) == (Status.SUCCESSFUL, "imported")
+
+
+def test_the_loops_own_connection_waits_for_locks_only_so_long() -> None:
+    from django_pgtasks.worker import LOCK_TIMEOUT, STATEMENT_TIMEOUT
+
+    worker = Worker(concurrency=1)
+    worker._prepare_session()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout'), "
+                       "current_setting('statement_timeout')")
+        assert cursor.fetchone() == (LOCK_TIMEOUT, STATEMENT_TIMEOUT) == ("5s", "5min")
