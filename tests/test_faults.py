@@ -22,6 +22,13 @@ from tests.testapp import tasks
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
+def worker_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity "
+                       "WHERE application_name = 'pgtasks worker' AND datname = current_database()")
+        return cursor.fetchone()[0]
+
+
 def terminate_worker_backends() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -35,8 +42,10 @@ def test_worker_survives_terminated_backends_while_idle_and_while_busy(start_com
     process = start_command("run_pgtasks", "--concurrency", "4", "--worker-id", "survivor")
     out = Output(process)
     wait_until(lambda: WorkerProcess.objects.filter(name="survivor").exists())
-    # Idle: liveness and claim connections are killed from the database side.
-    assert terminate_worker_backends() >= 2
+    # Idle: its two sessions (the watchdog's, the loop's once it has claimed) are killed from
+    # the database side.
+    wait_until(lambda: worker_backends() == 2, timeout=30, what="the worker's two sessions")
+    assert terminate_worker_backends() == 2
     first = Task.objects.enqueue_many(tasks.noop.build() for _ in range(20))
     wait_until(lambda: Task.objects.succeeded().count() == len(first), timeout=30)
     # Busy: terminated while handlers run and before their completions are written.
