@@ -424,3 +424,21 @@ def test_the_loops_own_connection_waits_for_locks_only_so_long() -> None:
         cursor.execute("SELECT current_setting('lock_timeout'), "
                        "current_setting('statement_timeout')")
         assert cursor.fetchone() == (LOCK_TIMEOUT, STATEMENT_TIMEOUT) == ("5s", "5min")
+
+
+def test_a_stage_whose_success_and_next_stage_are_refused_fails_instead_of_staying_running(
+        refuse_status) -> None:
+    staged = Task.objects.enqueue(lifecycle.stages_a_followup)
+    drain()
+    assert Task.objects.get(pk=staged.pk).status == Status.SUCCESSFUL
+    assert Task.objects.filter(name=tasks.noop.name, stage="noop").count() == 1
+
+    refuse_status(Status.SUCCESSFUL, names=(lifecycle.stages_a_followup.name,))
+    refused = Task.objects.enqueue(lifecycle.stages_a_followup)
+    drain()
+    refused.refresh_from_db()
+    assert refused.status == Status.FAILED
+    assert refused.error_text.startswith("django_pgtasks.exceptions.UnstorableResultError")
+    # The next stage was rolled back with the refused success.
+    assert Task.objects.filter(name=tasks.noop.name).count() == 1
+    assert not Task.objects.running().exists()

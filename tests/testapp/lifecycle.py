@@ -56,3 +56,12 @@ def logged_sleep(ctx: TaskContext, seconds: float) -> None:
 def chaos_one_attempt(ctx: TaskContext) -> None:
     """Chaos test with one attempt: a killed worker must cost no task its only attempt."""
     Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+
+
+@pgtask(context=True, max_attempts=1)
+def stages_a_followup(ctx: TaskContext) -> str:
+    """A non-atomic pipeline stage: its success and its next stage commit together."""
+    from tests.testapp.tasks import noop
+
+    ctx.then(noop)
+    return "staged"
