@@ -696,7 +696,7 @@ _TRACEBACK_START = "\n\nTraceback (most recent call last):"
 
 def error_from_text(text: str) -> TaskError:
     """A ``TaskError`` from a stored error: the type and message, a blank line, then the
-    traceback (see ``django_pgtasks.worker.format_exception``), possibly cut in the middle."""
+    traceback (see ``django_pgtasks.errors.format_exception``), possibly cut in the middle."""
     path = "builtins.Exception"
     for line in text.split("\n\n", 1)[0].splitlines():
         if match := _EXCEPTION_LINE_RE.match(line):

@@ -417,9 +417,7 @@ class Worker:
             f"and was left to finish on its own (its outcome will be ignored)."))
         # Recorded by the loop like any outcome; the late finisher's own outcome is then
         # refused by the lease guard.
-        self.outcomes.add(task, Failed(error, self._retry_delay(handler, task)),
-                          lambda status: None)
-        self._wakeup.set()
+        self._hand_in(task, Failed(error, self._retry_delay(handler, task)))
         pool.abandon(task)
         logger.warning("Task id=%s name=%s timed out after %gs; slot freed.", task.pk,
                        task.name, limit)
@@ -566,21 +564,26 @@ class Worker:
             self._finished_run(task, handler, started, status, outcome, exc)
 
         if self.batched:
-            self.outcomes.add(task, outcome, done)
-            self._wakeup.set()
+            self._hand_in(task, outcome, done)
             return
         status = self.recorder.record([(task, outcome)])[task.pk]
         if status is None:
             self._lost_outcomes()
         done(status)
 
+    def _hand_in(self, task: Task, outcome: Outcome,
+                 done: Callable[[str | None], object] = lambda status: None) -> None:
+        """Hand ``outcome`` to the loop, which records it with the others (and then calls
+        ``done`` on a pool thread), and wake the loop."""
+        self.outcomes.add(task, outcome, done)
+        self._wakeup.set()
+
     def _crashed(self, task: Task, exc: BaseException) -> None:
         """An internal error escaped :meth:`_execute`: record it as a failure (else the task
         is given back), so that it does not stay RUNNING under this live worker."""
         outcome = Failed(reason_text(type(exc), f"Internal error while running the task: "
                                                 f"{exc}"), None)
-        self.outcomes.add(task, outcome, lambda status: None)
-        self._wakeup.set()
+        self._hand_in(task, outcome)
 
     def _finished_run(self, task: Task, handler: TaskHandler | None, started: float,
                       status: str | None, outcome: Outcome | None,
