@@ -161,7 +161,7 @@ class Worker:
         )
         pool = self._pool = ThreadPool(self.concurrency, self._execute, self._wakeup,
                                        on_crash=self._crashed)
-        listener = self.listener = self._start_watchdog()  # registers the worker first
+        listener = self._start_watchdog()  # registers the worker first
         try:
             look = True  # is there reason to claim? (start-up, a wake-up, a full last claim)
             while not self._stop.is_set():
@@ -359,6 +359,8 @@ class Worker:
             on_connect=on_connect, on_tick=self._watch,
             on_stop=lambda conn: self.liveness.unregister(),
         )
+        # Set before the thread starts: whoever sees the worker registered sees its watchdog.
+        self.listener = watchdog
         watchdog.start()
         registered.wait(timeout=5)
         return watchdog
