@@ -163,8 +163,8 @@ def seed(finished: int, waiting: int) -> None:
 def pages() -> list[tuple[str, str]]:
     from django.urls import reverse
 
-    from django_pgtasks.dashboard import database_snapshot
     from django_pgtasks.models import Task
+    from django_pgtasks.monitoring.dashboard import database_snapshot
 
     changelist = reverse("admin:django_pgtasks_task_changelist")
     dashboard = reverse("admin:django_pgtasks_task_dashboard")

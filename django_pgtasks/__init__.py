@@ -11,7 +11,8 @@ Public API::
     Task.objects.enqueue(send_welcome, 42)   # or send_welcome.enqueue(42)
 """
 
-from .exceptions import (
+from django_pgtasks.base.registry import TaskContext, TaskHandler, pgtask
+from django_pgtasks.exceptions import (
     FatalError,
     InvalidPayloadError,
     InvalidTaskError,
@@ -23,7 +24,6 @@ from .exceptions import (
     UnknownQueueError,
     UnknownTaskError,
 )
-from .registry import TaskContext, TaskHandler, pgtask
 
 __version__ = "0.1.0"
 

@@ -11,8 +11,8 @@ class PgTasksConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks  # noqa: F401 - registers the system checks
-        from .conf import pgtasks_settings
+        from django_pgtasks import checks  # noqa: F401 - registers the system checks
+        from django_pgtasks.conf import pgtasks_settings
 
         if pgtasks_settings.AUTODISCOVER:
             # Like admin.autodiscover(): import every installed app's tasks.py so that

@@ -52,8 +52,8 @@ from django.core import checks
 from django.db import connections
 from django.utils import timezone
 
-from . import registry
-from .compat import (
+from django_pgtasks.base import registry
+from django_pgtasks.base.compat import (
     BaseTaskBackend,
     InvalidTask,
     InvalidTaskBackend,
@@ -68,23 +68,23 @@ from .compat import (
     task_finished,
     task_started,
 )
-from .conf import pgtasks_settings
-from .exceptions import (
+from django_pgtasks.base.payload import normalize_payload, normalize_result
+from django_pgtasks.base.registry import MAX_NAME_LENGTH, TaskHandler
+from django_pgtasks.base.routing import database_for_queue
+from django_pgtasks.base.validation import MAX_ATTEMPTS_LIMIT, check_run_after
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.exceptions import (
     FatalError,
     InvalidPayloadError,
     InvalidTaskError,
     UnstorableResultError,
 )
-from .payload import normalize_payload, normalize_result
-from .registry import MAX_NAME_LENGTH, TaskHandler
-from .retry import POLICIES
-from .retry import resolve as resolve_policy
-from .routing import database_for_queue
-from .signals import task_enqueued as native_task_enqueued
-from .validation import MAX_ATTEMPTS_LIMIT, check_run_after
+from django_pgtasks.retry import POLICIES
+from django_pgtasks.retry import resolve as resolve_policy
+from django_pgtasks.signals import task_enqueued as native_task_enqueued
 
 if TYPE_CHECKING:
-    from .models import Task as TaskRow
+    from django_pgtasks.models import Task as TaskRow
 
 logger = logging.getLogger("django_pgtasks.backend")
 
@@ -212,7 +212,7 @@ class PgTasksBackend(BaseTaskBackend):
 
     def _build_row(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskRow:
         """A validated, unsaved row; raises Django's ``InvalidTask`` and writes nothing."""
-        from .models import Task as TaskRow
+        from django_pgtasks.models import Task as TaskRow
 
         try:
             clean_args, clean_kwargs = normalize_payload(args, kwargs)
@@ -244,7 +244,7 @@ class PgTasksBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """The result stored under ``result_id``; ``TaskResultDoesNotExist`` if there is none."""
-        from .models import Task as TaskRow
+        from django_pgtasks.models import Task as TaskRow
 
         pk, database = parse_result_location(result_id)
         row = None
@@ -254,7 +254,7 @@ class PgTasksBackend(BaseTaskBackend):
 
     async def aget_result(self, result_id: str) -> TaskResult:
         """See :meth:`get_result`."""
-        from .models import Task as TaskRow
+        from django_pgtasks.models import Task as TaskRow
 
         pk, database = parse_result_location(result_id)
         row = None
@@ -267,13 +267,13 @@ class PgTasksBackend(BaseTaskBackend):
     ) -> TaskResult:
         """Block until the result is finished and return it (see :meth:`get_result`).
 
-        Wakes on the completion's ``NOTIFY`` (see :mod:`django_pgtasks.waiting`); raises
+        Wakes on the completion's ``NOTIFY`` (see :mod:`django_pgtasks.lifecycle.waiting`); raises
         :class:`~django_pgtasks.exceptions.TaskWaitTimeout` (a ``TimeoutError``) after
         ``timeout`` seconds and ``TaskResultDoesNotExist`` for an unknown id.
-        ``django_pgtasks.waiting.wait_for_result(result)`` waits and refreshes a result.
+        ``django_pgtasks.lifecycle.waiting.wait_for_result(result)`` waits and refreshes a result.
         """
-        from .models import Task as TaskRow
-        from .waiting import wait_for_task
+        from django_pgtasks.lifecycle.waiting import wait_for_task
+        from django_pgtasks.models import Task as TaskRow
 
         pk = parse_result_id(result_id)
         self.get_result(result_id)  # TaskResultDoesNotExist unless it is one of ours
@@ -640,7 +640,7 @@ def parse_result_location(result_id: Any) -> tuple[int | None, str]:
 
     The key is ``None`` if the id cannot be one, or names a database that holds no queue.
     """
-    from .routing import queue_databases
+    from django_pgtasks.base.routing import queue_databases
 
     primary = pgtasks_settings.DATABASE
     if isinstance(result_id, str) and "@" in result_id:
@@ -696,7 +696,7 @@ _TRACEBACK_START = "\n\nTraceback (most recent call last):"
 
 def error_from_text(text: str) -> TaskError:
     """A ``TaskError`` from a stored error: the type and message, a blank line, then the
-    traceback (see ``django_pgtasks.errors.format_exception``), possibly cut in the middle."""
+    traceback (see ``django_pgtasks.base.errors.format_exception``), possibly cut in the middle."""
     path = "builtins.Exception"
     for line in text.split("\n\n", 1)[0].splitlines():
         if match := _EXCEPTION_LINE_RE.match(line):

@@ -9,10 +9,15 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from .budget import SERVER_LIMITS_SQL, advice, available_connections, connections_needed
-from .conf import DEFAULTS, pgtasks_settings
-from .retry import POLICIES
-from .validation import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RE
+from django_pgtasks.base.budget import (
+    SERVER_LIMITS_SQL,
+    advice,
+    available_connections,
+    connections_needed,
+)
+from django_pgtasks.base.validation import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RE
+from django_pgtasks.conf import DEFAULTS, pgtasks_settings
+from django_pgtasks.retry import POLICIES
 
 
 def _error(msg: str, id: str, hint: str | None = None) -> Error:
@@ -83,7 +88,7 @@ def check_queue_tables(
     if (not databases or not queues or not isinstance(queues, list | tuple | dict)
             or check_database() or check_queue_databases()):
         return []
-    from .routing import queue_databases
+    from django_pgtasks.base.routing import queue_databases
 
     warnings: list[Warning] = []
     for alias in queue_databases():
@@ -111,7 +116,7 @@ def check_queue_tables(
 
 
 def _queues_on(alias: str) -> list[str]:
-    from .routing import queues_on
+    from django_pgtasks.base.routing import queues_on
 
     return queues_on(alias)
 
@@ -200,7 +205,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
 
 @register(Tags.compatibility)
 def check_retention(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    """The purge settings (see :mod:`django_pgtasks.retention`)."""
+    """The purge settings (see :mod:`django_pgtasks.patterns.retention`)."""
     errors: list[Error] = []
     s = pgtasks_settings
     for key in ("RETENTION", "FAILED_RETENTION", "ARCHIVE_RETENTION"):
@@ -230,7 +235,8 @@ def check_retention(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 @register(Tags.compatibility)
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
     """Periodic tasks: ``SCHEDULE``, ``SCHEDULER_INTERVAL``, ``MISSED_RUNS``."""
-    from .scheduling import MISSED_RUNS_POLICIES, check
+    from django_pgtasks.scheduling.job import check
+    from django_pgtasks.scheduling.schedules import MISSED_RUNS_POLICIES
 
     errors: list[Error | Warning] = []
     interval = pgtasks_settings.SCHEDULER_INTERVAL
@@ -276,7 +282,7 @@ def check_connection_budget(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[Warning]:
     """One worker process with ``CONCURRENCY`` threads fits in the connections each queue
-    database's server accepts (:mod:`django_pgtasks.budget`).
+    database's server accepts (:mod:`django_pgtasks.base.budget`).
 
     Like :func:`check_queue_tables`, only the aliases in ``databases`` are queried.
     ``run_pgtasks`` repeats the comparison at start with its own ``--processes`` and
@@ -288,7 +294,7 @@ def check_connection_budget(
             or not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
             or check_database() or check_queue_databases()):
         return []  # the settings checks report what is wrong with these
-    from .routing import queue_databases
+    from django_pgtasks.base.routing import queue_databases
 
     warnings: list[Warning] = []
     for alias in queue_databases():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from .conf import pgtasks_settings
+from django_pgtasks.conf import pgtasks_settings
 
 #: A backoff policy: attempt number (1-based) -> delay in seconds.
 Backoff = Callable[[int], float]

@@ -34,11 +34,11 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models.functions import Now
 
-from . import claiming
-from .payload import normalize_value
-from .registry import TaskHandler
-from .routing import queue_databases, queues_on
-from .signals import task_enqueued
+from django_pgtasks.base.payload import normalize_value
+from django_pgtasks.base.registry import TaskHandler
+from django_pgtasks.base.routing import queue_databases, queues_on
+from django_pgtasks.lifecycle import claim as claiming
+from django_pgtasks.signals import task_enqueued
 
 __all__ = [
     "DrainResult",
@@ -103,7 +103,7 @@ def drain(
     then they are made due and run as well (repeatedly, until every task has ended). Raises
     ``RuntimeError`` after ``limit`` tasks, so a task that snoozes forever cannot hang a test.
     """
-    from .models import Task
+    from django_pgtasks.models import Task
 
     result = DrainResult()
     for alias in queue_databases():
@@ -134,7 +134,7 @@ def run_task(task: Any, *, raise_errors: bool = False) -> Any:
     ``raise_errors=True`` the handler's exception is raised again once its outcome is
     recorded. A task that is not waiting (running, finished) is returned unchanged.
     """
-    from .models import PENDING, Task
+    from django_pgtasks.models import PENDING, Task
 
     if isinstance(task, Task):
         pk, alias = task.pk, Task.objects._task_db(task, None)
@@ -175,13 +175,13 @@ class run_eagerly(ContextDecorator):
         self._uid = f"django_pgtasks.testing.run_eagerly:{id(self)}"
 
     def __enter__(self) -> run_eagerly:
-        from .models import Task
+        from django_pgtasks.models import Task
 
         task_enqueued.connect(self._run, sender=Task, weak=False, dispatch_uid=self._uid)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        from .models import Task
+        from django_pgtasks.models import Task
 
         task_enqueued.disconnect(sender=Task, dispatch_uid=self._uid)
 
@@ -197,7 +197,7 @@ def enqueued(task: TaskHandler | str | Any | None = None, *args: Any, **kwargs: 
     of handler ``task`` (a ``@pgtask`` handler, its registered name, or a ``django.tasks``
     task) called with ``args`` (all of them, exactly) and ``kwargs`` (these keys, with these
     values; others may be there too). Values compare as stored (tuples as lists)."""
-    from .models import Task
+    from django_pgtasks.models import Task
 
     name = _task_name(task) if task is not None else None
     want_args = normalize_value(list(args), "args") if args else None
@@ -271,7 +271,7 @@ def _describe(tasks: list[Any]) -> str:
 
 @functools.cache
 def _inline_runner_class() -> type:
-    from .worker import Worker
+    from django_pgtasks.worker.loop import Worker
 
     class InlineRunner(Worker):
         """The worker's execution path on the calling thread and its connection."""

@@ -82,7 +82,7 @@ def start_command(subprocess_env: dict[str, str]):
 @pytest.fixture
 def fresh_claim_mode() -> Iterator[None]:
     """The test starts without a plain/controlled claim decision kept from an earlier test."""
-    from django_pgtasks import claiming
+    from django_pgtasks.lifecycle import claim as claiming
 
     claiming.forget_modes()
     yield

@@ -7,7 +7,7 @@ unknown in a worker process (tests/test_task_names.py).
 
 from __future__ import annotations
 
-from django_pgtasks.compat import task
+from django_pgtasks.base.compat import task
 
 
 @task

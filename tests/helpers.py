@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from django.db import connections
 
 from django_pgtasks.models import PENDING, Status, Task
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 120, what: str = "") -> None:

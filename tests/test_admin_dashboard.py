@@ -15,9 +15,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 
-from django_pgtasks import dashboard
 from django_pgtasks.admin import DashboardSection
 from django_pgtasks.models import Status, Task, WorkerProcess
+from django_pgtasks.monitoring import dashboard
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db

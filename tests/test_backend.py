@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-compat = pytest.importorskip("django_pgtasks.compat")
+compat = pytest.importorskip("django_pgtasks.base.compat")
 
 from asgiref.sync import async_to_sync  # noqa: E402
 from django.core.management import call_command  # noqa: E402
@@ -33,10 +33,10 @@ from django_pgtasks.backend import (  # noqa: E402
     error_from_text,
     resolve,
 )
+from django_pgtasks.base.registry import get_handler  # noqa: E402
 from django_pgtasks.models import Status  # noqa: E402
 from django_pgtasks.models import Task as Row  # noqa: E402
-from django_pgtasks.registry import get_handler  # noqa: E402
-from django_pgtasks.worker import Worker  # noqa: E402
+from django_pgtasks.worker.loop import Worker  # noqa: E402
 from tests.testapp import dj_tasks, tasks  # noqa: E402
 from tests.testapp.models import Execution  # noqa: E402
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-compat = pytest.importorskip("django_pgtasks.compat")
+compat = pytest.importorskip("django_pgtasks.base.compat")
 
 from django_pgtasks.backend import PgTasksBackend  # noqa: E402
 from django_pgtasks.models import Task as Row  # noqa: E402
-from django_pgtasks.worker import Worker  # noqa: E402
+from django_pgtasks.worker.loop import Worker  # noqa: E402
 from tests.testapp import dj_tasks  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from django.db import transaction
 
+from django_pgtasks.base.registry import TaskHandler
 from django_pgtasks.checks import check_settings
 from django_pgtasks.exceptions import (
     FatalError,
@@ -23,11 +24,10 @@ from django_pgtasks.exceptions import (
     UnstorableResultError,
 )
 from django_pgtasks.models import Task
-from django_pgtasks.registry import TaskHandler
 from tests.testapp import tasks
 
 try:
-    from django_pgtasks import compat
+    from django_pgtasks.base import compat
 except ImportError:  # neither django.tasks nor the django-tasks backport
     compat = None
 

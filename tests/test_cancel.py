@@ -15,7 +15,7 @@ import pytest
 from django.db import connections
 
 from django_pgtasks.models import CancelResult, Status, Task
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from tests.helpers import wait_until
 from tests.testapp import cooperative, tasks
 from tests.testapp.models import Execution

@@ -191,7 +191,7 @@ def test_claim_uses_the_partial_index_on_a_large_table() -> None:
         )
         cursor.execute("ANALYZE pgtasks_task")
 
-    from django_pgtasks.claiming import claim_statement
+    from django_pgtasks.lifecycle.claim import claim_statement
 
     for queues, limit in [(["default"], 1), (["default", "emails"], 50)]:
         with transaction.atomic():

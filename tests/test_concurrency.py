@@ -13,7 +13,7 @@ from django.db.models import Count, F
 from django.db.models.functions import Now
 
 from django_pgtasks.models import CLAIM_ORDER, Status, Task
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from tests.helpers import run_workers
 from tests.testapp import tasks
 from tests.testapp.models import Execution

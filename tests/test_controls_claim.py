@@ -16,10 +16,10 @@ from datetime import timedelta
 import pytest
 from django.db import connection, connections
 
-from django_pgtasks import claiming
 from django_pgtasks.exceptions import InvalidTaskError
+from django_pgtasks.lifecycle import claim as claiming
 from django_pgtasks.models import Status, Task
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from tests.helpers import all_finished, run_workers, stop_processes, wait_until
 from tests.testapp import limited, tasks
 

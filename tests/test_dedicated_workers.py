@@ -8,7 +8,7 @@ import time
 import pytest
 
 from django_pgtasks.models import Status, Task
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -10,7 +10,7 @@ from django.db import connections
 
 from django_pgtasks import InvalidTaskError
 from django_pgtasks.models import Status, Task
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -149,7 +149,7 @@ def test_retry_now_leaves_a_finished_task_whose_key_is_live_again() -> None:
 
 
 def test_a_pipeline_stage_cannot_have_a_key() -> None:
-    from django_pgtasks.registry import TaskContext
+    from django_pgtasks.base.registry import TaskContext
 
     task = Task.objects.enqueue(tasks.noop)
     task.followups = []

@@ -15,11 +15,11 @@ import time
 import pytest
 from django.db import connection, connections
 
-from django_pgtasks.errors import is_connection_loss, is_transient
+from django_pgtasks.base.errors import is_connection_loss, is_transient
+from django_pgtasks.lifecycle.transitions import Failed, Interrupted, Recorder, Succeeded
 from django_pgtasks.models import Status, Task
 from django_pgtasks.signals import task_started
-from django_pgtasks.transitions import Failed, Interrupted, Recorder, Succeeded
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from tests.helpers import run_workers, wait_until
 from tests.testapp import lifecycle, tasks
 from tests.testapp.models import Execution
@@ -265,7 +265,7 @@ def test_connection_errors_are_told_apart_from_other_database_errors() -> None:
 
 
 def test_outcome_kinds_cannot_be_mixed_in_one_statement() -> None:
-    from django_pgtasks.transitions import write
+    from django_pgtasks.lifecycle.transitions import write
 
     Task.objects.enqueue_many(tasks.noop.build() for _ in range(2))
     a, b = Task.objects.claim("recorder", limit=2)
@@ -284,8 +284,8 @@ def start(worker: Worker) -> threading.Thread:
 
 def test_a_claim_blocked_on_a_lock_longer_than_the_worker_timeout_runs_nothing_twice(
         settings, fresh_claim_mode) -> None:
-    from django_pgtasks import controls
-    from django_pgtasks.liveness import rescue
+    from django_pgtasks.patterns import controls
+    from django_pgtasks.worker.liveness import rescue
 
     settings.PGTASKS = {**settings.PGTASKS, "WORKER_TIMEOUT": 1.0, "RESCUE_GRACE": 0.5}
     # A rate limit makes the claim lock the queue's control row (the controlled claim).
@@ -321,7 +321,7 @@ def test_a_claim_blocked_on_a_lock_longer_than_the_worker_timeout_runs_nothing_t
 
 
 def test_heartbeats_go_on_during_the_shutdown_grace(settings) -> None:
-    from django_pgtasks.liveness import rescue
+    from django_pgtasks.worker.liveness import rescue
 
     settings.PGTASKS = {**settings.PGTASKS, "WORKER_TIMEOUT": 1.0, "RESCUE_GRACE": 0.5}
     task = Task.objects.enqueue(lifecycle.logged_sleep, 2.5)
@@ -370,7 +370,7 @@ def test_the_pause_between_claims_stays_short_while_the_server_refuses_connectio
     import psycopg
     from django.db import OperationalError, ProgrammingError
 
-    from django_pgtasks.worker import RECONNECT_PAUSE_MAX
+    from django_pgtasks.worker.loop import RECONNECT_PAUSE_MAX
 
     settings.PGTASKS = {**settings.PGTASKS, "ERROR_PAUSE": 0.5, "ERROR_PAUSE_MAX": 30.0}
     worker = Worker(concurrency=1)
@@ -393,7 +393,7 @@ def test_a_handler_module_that_fails_to_import_is_retried_as_an_interruption(
     task back (no attempt spent) until the budget is used up, instead of failing it as an
     unknown task at once; once the module imports, the task runs."""
     from django_pgtasks.exceptions import HandlerImportError, TooManyInterruptions
-    from django_pgtasks.transitions import qualified_name
+    from django_pgtasks.lifecycle.transitions import qualified_name
     from tests.testapp.broken_tasks import FLAG
 
     name = "tests.testapp.broken_tasks.some_task"
@@ -416,7 +416,7 @@ def test_a_handler_module_that_fails_to_import_is_retried_as_an_interruption(
 
 
 def test_the_loops_own_connection_waits_for_locks_only_so_long() -> None:
-    from django_pgtasks.worker import LOCK_TIMEOUT, STATEMENT_TIMEOUT
+    from django_pgtasks.worker.loop import LOCK_TIMEOUT, STATEMENT_TIMEOUT
 
     worker = Worker(concurrency=1)
     worker._prepare_session()

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from django_pgtasks.listener import CANCEL_CHANNEL, CHANNEL, Listener, open_connection
+from django_pgtasks.worker.listener import CANCEL_CHANNEL, CHANNEL, Listener, open_connection
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

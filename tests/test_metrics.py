@@ -16,10 +16,10 @@ prometheus_client = pytest.importorskip(
 from prometheus_client import REGISTRY  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from django_pgtasks import metrics  # noqa: E402
 from django_pgtasks.models import Status, Task, WorkerProcess  # noqa: E402
+from django_pgtasks.monitoring import metrics  # noqa: E402
 from django_pgtasks.signals import task_enqueued, task_finished, task_started  # noqa: E402
-from django_pgtasks.worker import Worker  # noqa: E402
+from django_pgtasks.worker.loop import Worker  # noqa: E402
 from tests.testapp import tasks  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -26,12 +26,12 @@ from django.core.management import call_command
 from django.db import connections, transaction
 from django.urls import reverse
 
+from django_pgtasks.base.routing import database_for_queue, queue_databases, queues_on
 from django_pgtasks.checks import check_queue_databases, check_queue_tables, check_settings
-from django_pgtasks.liveness import rescue
 from django_pgtasks.models import Status, Task
-from django_pgtasks.routing import database_for_queue, queue_databases, queues_on
 from django_pgtasks.scheduling import run_scheduler
-from django_pgtasks.worker import Worker, _enqueue_followups
+from django_pgtasks.worker.liveness import rescue
+from django_pgtasks.worker.loop import Worker, _enqueue_followups
 from tests.conftest import ROOT, manage_command
 from tests.helpers import wait_until
 from tests.settings_multidb import MULTIDB_QUEUES, SECOND
@@ -520,7 +520,7 @@ def test_pgtasks_stats_shows_every_database() -> None:
 def test_the_django_tasks_backend_routes_by_queue_and_finds_results_there(
     settings: Any,
 ) -> None:
-    compat = pytest.importorskip("django_pgtasks.compat")
+    compat = pytest.importorskip("django_pgtasks.base.compat")
     from tests.testapp import dj_tasks
 
     settings.TASKS = {**settings.TASKS, "default": {

@@ -15,12 +15,12 @@ from django.db import connection, connections
 from django.db.models import Count
 from django.test import RequestFactory
 
-from django_pgtasks import claiming, controls
-from django_pgtasks.admin_controls import QueueControlAdmin
-from django_pgtasks.controls import QueueControl
+from django_pgtasks.admin.controls import QueueControlAdmin
 from django_pgtasks.exceptions import UnknownQueueError
-from django_pgtasks.models import PENDING, Status, Task
-from django_pgtasks.worker import Worker
+from django_pgtasks.lifecycle import claim as claiming
+from django_pgtasks.models import PENDING, QueueControl, Status, Task
+from django_pgtasks.patterns import controls
+from django_pgtasks.worker.loop import Worker
 from tests.helpers import wait_until
 from tests.testapp import tasks
 

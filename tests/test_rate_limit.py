@@ -16,11 +16,11 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from django_pgtasks import claiming, controls
-from django_pgtasks.controls import KeyRateLimit, QueueControl
 from django_pgtasks.exceptions import InvalidTaskError, UnknownQueueError
-from django_pgtasks.models import Task
-from django_pgtasks.worker import Worker
+from django_pgtasks.lifecycle import claim as claiming
+from django_pgtasks.models import KeyRateLimit, QueueControl, Task
+from django_pgtasks.patterns import controls
+from django_pgtasks.worker.loop import Worker
 from tests.helpers import all_finished, run_workers, stop_processes, wait_until
 from tests.testapp import limited, tasks
 

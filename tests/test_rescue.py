@@ -15,9 +15,15 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 
-from django_pgtasks.liveness import LOCK_NAMESPACE, RESCUE_LOCK_KEY, Liveness, lock_key, rescue
 from django_pgtasks.models import Status, Task, WorkerProcess
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.liveness import (
+    LOCK_NAMESPACE,
+    RESCUE_LOCK_KEY,
+    Liveness,
+    lock_key,
+    rescue,
+)
+from django_pgtasks.worker.loop import Worker
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 

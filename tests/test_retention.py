@@ -21,13 +21,13 @@ from django.db import connection, connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from django_pgtasks import retention
 from django_pgtasks.checks import check_retention
-from django_pgtasks.liveness import LOCK_NAMESPACE
 from django_pgtasks.management.commands.pgtasks_purge import Command as PurgeCommand
 from django_pgtasks.models import ArchivedTask, Status, Task, TaskFields
-from django_pgtasks.retention import PURGE_LOCK_KEY, purge, purge_turn
-from django_pgtasks.worker import Worker
+from django_pgtasks.patterns import retention
+from django_pgtasks.patterns.retention import PURGE_LOCK_KEY, purge, purge_turn
+from django_pgtasks.worker.liveness import LOCK_NAMESPACE
+from django_pgtasks.worker.loop import Worker
 from tests.helpers import wait_until
 from tests.testapp import tasks
 

@@ -24,22 +24,23 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, connections, transaction
 from django.urls import reverse
 
-from django_pgtasks import pgtask, registry, scheduling
+from django_pgtasks import pgtask
+from django_pgtasks.base import registry
 from django_pgtasks.checks import check_schedules
 from django_pgtasks.models import ArchivedTask, Schedule, Status, Task
-from django_pgtasks.scheduling import (
+from django_pgtasks.scheduling import job as scheduling
+from django_pgtasks.scheduling import plan, planned_at
+from django_pgtasks.scheduling.schedules import (
     CATCH_UP_LIMIT,
     Cron,
     Every,
     cron,
     every,
     parse_when,
-    plan,
-    planned_at,
     zone,
 )
 from django_pgtasks.signals import task_enqueued
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from tests.testapp.models import Execution
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "howto" / "periodic.md"

@@ -11,7 +11,7 @@ from django.db import connection, connections
 from django_pgtasks.exceptions import Snooze
 from django_pgtasks.models import Status, Task
 from django_pgtasks.testing import drain
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from tests.testapp import cooperative
 from tests.testapp.models import Execution
 

@@ -14,10 +14,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from django_pgtasks import stats
 from django_pgtasks.management.commands import pgtasks_stats
 from django_pgtasks.management.commands.pgtasks_stats import Command as StatsCommand
 from django_pgtasks.models import Status
+from django_pgtasks.monitoring import stats
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from django_pgtasks import registry
+from django_pgtasks.base import registry
+from django_pgtasks.base.registry import get_handler
 from django_pgtasks.exceptions import (
     FatalError,
     HandlerImportError,
@@ -25,7 +26,6 @@ from django_pgtasks.exceptions import (
     UnknownTaskError,
 )
 from django_pgtasks.models import Task
-from django_pgtasks.registry import get_handler
 from tests.testapp.broken_tasks import FLAG
 
 backend = pytest.importorskip("django_pgtasks.backend")
@@ -47,7 +47,8 @@ PROBE = textwrap.dedent("""
 
     django.setup()
     assert "this" not in sys.modules, "imported before the probe"
-    from django_pgtasks import backend, registry
+    from django_pgtasks import backend
+    from django_pgtasks.base import registry
     from django_pgtasks.exceptions import FatalError, UnknownTaskError
     from django_pgtasks.models import Task
 

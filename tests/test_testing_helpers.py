@@ -10,8 +10,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from django_pgtasks import pgtask
+from django_pgtasks.base.registry import TaskContext
 from django_pgtasks.models import Status, Task
-from django_pgtasks.registry import TaskContext
 from django_pgtasks.testing import (
     assert_enqueued,
     assert_not_enqueued,

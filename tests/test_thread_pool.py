@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from django_pgtasks.models import Task
-from django_pgtasks.pool import ThreadPool
+from django_pgtasks.worker.pool import ThreadPool
 
 
 def test_a_task_resubmitted_before_its_last_run_cleared_still_counts_as_running() -> None:

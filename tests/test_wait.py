@@ -10,11 +10,11 @@ import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
-from django_pgtasks import waiting
 from django_pgtasks.exceptions import PgTasksError, TaskWaitTimeout
+from django_pgtasks.lifecycle import waiting
 from django_pgtasks.models import Status, Task
 from django_pgtasks.testing import drain
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from tests.testapp import cooperative, tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -152,7 +152,7 @@ def test_many_waiters_on_tasks_run_by_worker_processes(start_command, wakeups) -
 
 
 def test_wait_for_a_django_tasks_result(worker) -> None:
-    from django_pgtasks.waiting import wait_for_result
+    from django_pgtasks.lifecycle.waiting import wait_for_result
     from tests.djtasks import multiply
 
     result = multiply.enqueue(6, 7)

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, transaction
 
 from django_pgtasks.models import Status, Task, WorkerProcess
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from tests.helpers import wait_until
 from tests.testapp import tasks
 

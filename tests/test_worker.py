@@ -8,9 +8,9 @@ import pytest
 from django.db import connection
 
 from django_pgtasks import pgtask, signals
-from django_pgtasks.errors import truncate_error
+from django_pgtasks.base.errors import truncate_error
 from django_pgtasks.models import Status, Task
-from django_pgtasks.worker import Worker, format_exception
+from django_pgtasks.worker.loop import Worker, format_exception
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 

@@ -15,8 +15,6 @@ import datetime
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
-import django_pgtasks.controls
-
 #: First key of the transaction-level advisory locks on concurrency keys ("pgtk"); the
 #: second is hashtext(key). Must equal django_pgtasks.claiming.KEY_LOCK_NAMESPACE.
 KEY_LOCK_NAMESPACE = 0x7067746B
@@ -228,7 +226,23 @@ DROP FUNCTION IF EXISTS pgtasks_rate_record(timestamptz[], integer, integer);
 DROP FUNCTION IF EXISTS pgtasks_rate_free(timestamptz[], integer, interval);
 """
 
-_STARTS = django_pgtasks.controls.TimestampArrayField(
+
+class TimestampArrayField(models.Field):
+    """A ``timestamptz[]`` column, frozen here as this migration created it (the project's
+    field now lives in ``django_pgtasks.models.fields``; migration 0010 points the columns
+    there)."""
+
+    def db_type(self, connection):
+        return "timestamp with time zone[]"
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        return None if value is None else list(value)
+
+    def from_db_value(self, value, expression, connection):
+        return value
+
+
+_STARTS = TimestampArrayField(
     blank=True,
     default=list,
     editable=False,

@@ -122,7 +122,7 @@ class AdminTests(TransactionTestCase):
 
 class FulfilmentPipelineTests(TransactionTestCase):
     def test_the_three_stages_run_once_each_in_order(self) -> None:
-        from django_pgtasks.worker import Worker
+        from django_pgtasks.worker.loop import Worker
 
         from .models import Notification
         from .tasks import pick_order

@@ -12,8 +12,8 @@ from datetime import timedelta
 from asgiref.sync import sync_to_async
 
 from django_pgtasks import pgtask
+from django_pgtasks.base.registry import TaskContext
 from django_pgtasks.exceptions import Snooze
-from django_pgtasks.registry import TaskContext
 
 from .models import Execution
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django_pgtasks import FatalError, pgtask
-from django_pgtasks.registry import TaskContext
+from django_pgtasks.base.registry import TaskContext
 
 from .models import Execution
 

@@ -12,9 +12,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_duration
 
+from django_pgtasks.base.routing import queue_databases
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.retention import ARCHIVE_DELETED, ARCHIVED, DELETED, purge, to_seconds
-from django_pgtasks.routing import queue_databases
+from django_pgtasks.patterns.retention import ARCHIVE_DELETED, ARCHIVED, DELETED, purge, to_seconds
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)

@@ -9,10 +9,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
-from django_pgtasks import controls
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import PgTasksError
 from django_pgtasks.management.arguments import positive
+from django_pgtasks.patterns import controls
 
 
 class Command(BaseCommand):

@@ -7,9 +7,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_pgtasks.base.routing import queue_databases
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.liveness import rescue
-from django_pgtasks.routing import queue_databases
+from django_pgtasks.worker.liveness import rescue
 
 
 class Command(BaseCommand):

@@ -19,9 +19,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from django_pgtasks import dashboard, routing, stats
-from django_pgtasks.dashboard import seconds_text
+from django_pgtasks.base import routing
 from django_pgtasks.management.arguments import positive
+from django_pgtasks.monitoring import dashboard, stats
+from django_pgtasks.monitoring.dashboard import seconds_text
 
 #: Moves the cursor home and clears the terminal, as ``watch`` and ``top`` do.
 CLEAR_SCREEN = "\x1b[H\x1b[2J"

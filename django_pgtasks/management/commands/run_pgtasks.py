@@ -1,7 +1,8 @@
 """``manage.py run_pgtasks``: run workers. Parses options, then hands over to Worker/Supervisor.
 
 Each worker process works against one database. Without ``--database`` the queues to serve
-are grouped by the database that holds them (:func:`django_pgtasks.routing.database_for_queue`):
+are grouped by the database that holds them
+(:func:`django_pgtasks.base.routing.database_for_queue`):
 queues on one database run as before; queues on several run under a supervisor, with
 ``--processes`` worker processes for each database.
 """
@@ -17,16 +18,16 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_pgtasks.budget import (
+from django_pgtasks.base.budget import (
     SERVER_LIMITS_SQL,
     advice,
     available_connections,
     connections_needed,
 )
+from django_pgtasks.base.routing import database_for_queue, queue_databases, queues_on
+from django_pgtasks.base.sessions import open_connection
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.routing import database_for_queue, queue_databases, queues_on
-from django_pgtasks.sessions import open_connection
-from django_pgtasks.supervisor import configure_logging
+from django_pgtasks.worker.supervisor import configure_logging
 
 logger = logging.getLogger("django_pgtasks.run_pgtasks")
 
@@ -49,7 +50,7 @@ def _positive_number(value: str) -> float:
 
 def warn_if_over_budget(alias: str, processes: int, threads: int) -> None:
     """Log a WARNING when ``processes`` worker processes of ``threads`` threads may need more
-    connections to ``alias`` than its server accepts (:mod:`django_pgtasks.budget`)."""
+    connections to ``alias`` than its server accepts (:mod:`django_pgtasks.base.budget`)."""
     if connections[alias].vendor != "postgresql":
         return  # the worker refuses such a database itself (and check E002 reports it)
     try:
@@ -142,11 +143,11 @@ class Command(BaseCommand):
                 group["using"], processes, group["concurrency"] or pgtasks_settings.CONCURRENCY
             )
         if processes > 1 or len(groups) > 1:
-            from django_pgtasks.supervisor import Supervisor
+            from django_pgtasks.worker.supervisor import Supervisor
 
             code = Supervisor(processes, groups, options["log_level"]).run()
         else:
-            from django_pgtasks.worker import Worker
+            from django_pgtasks.worker.loop import Worker
 
             code = Worker(**groups[0]).run()
             if code:

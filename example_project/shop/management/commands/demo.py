@@ -52,7 +52,7 @@ from psycopg import sql
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.dev import is_embedded
 from django_pgtasks.models import Schedule, Status, Task
-from django_pgtasks.worker import Worker
+from django_pgtasks.worker.loop import Worker
 from shop.models import Customer, Order
 from shop.tasks import (
     FLAKY_DOMAIN,

@@ -1,0 +1,505 @@
+"""Every change of a claimed task's state: what happens to a task when its run ends.
+
+A claimed task is ``RUNNING`` under a *lease*: the worker's id (``locked_by``) and the number
+of the claim (``claims``, raised by every claim, so it never repeats). Each statement here
+ends a run and is *guarded* by that lease: it changes the row only if it is still ``RUNNING``
+under the same lease, and returns the ids (and new states) it changed. A worker whose task
+was rescued, cancelled or requeued meanwhile changes nothing, and a task can never be both
+failed and succeeded. Every statement takes arrays, so one round trip records one run or a
+batch.
+
+How a run can end, kept apart:
+
+- **succeeded** (:data:`SUCCEED_SQL`): the handler returned; its result is stored;
+- **failed** (:data:`FAIL_SQL`): the handler raised; the attempt is spent, and the task waits
+  for its retry (``now() + delay``) while attempts are left, else ends ``FAILED``;
+- **cancelled** (:data:`CANCEL_SQL`) and **snoozed** (:data:`SNOOZE_SQL`): the handler stopped
+  on request, or asked to run again later without spending the attempt;
+- **interrupted** (:data:`INTERRUPT_SQL`, and :data:`RESCUE_SQL` for the tasks of a lost
+  worker): the run was cut off — its worker died, shut down or lost its connection. That is
+  not the handler's failure: the attempt is given back and the task returns to its original
+  place in the queue (its ``run_after`` is kept), counting one interruption; past
+  ``PGTASKS["MAX_INTERRUPTIONS"]`` it ends ``FAILED`` (a task that kills its worker cannot
+  loop forever);
+- **given back unstarted** (:data:`UNCLAIM_SQL`): claimed but never started (prefetched tasks
+  of a stopping worker, a claim whose reply was lost): as if never claimed.
+
+The re-run rule (pattern "re-run when the source changes") is written once, in
+:func:`_unless_rerun`: a task whose key was enqueued again while it ran goes back to
+``READY``, due now, with its attempts counted afresh, whatever the run's outcome.
+
+:class:`Recorder` keeps the invariant that a claimed task always ends in a recorded outcome
+or goes back to the queue, whatever the handler returned or raised and whatever the
+database refuses (see its docstring).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from django.db import DatabaseError, InterfaceError, connections, transaction
+
+from django_pgtasks.base.errors import is_transient, qualified_name, reason_text, truncate_error
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.exceptions import TooManyInterruptions, UnstorableResultError
+
+logger = logging.getLogger("django_pgtasks.worker")
+
+T = TypeVar("T")
+
+#: Failed attempts kept in ``Task.errors`` (the oldest are dropped first).
+ERROR_HISTORY_LENGTH = 20
+#: Longest retry delay written (100 years): a backoff policy that returns more is capped.
+MAX_RETRY_DELAY = 100 * 366 * 24 * 3600.0
+
+
+class Claimed(Protocol):
+    """What the transitions need of a claimed task: its id and its lease."""
+
+    pk: int
+    name: str
+    locked_by: str | None
+    #: The lease: the number of the claim this run holds.
+    claims: int
+
+
+def append_error_sql(error: str = "%s", table: str = "pgtasks_task") -> str:
+    """SQL for ``errors`` plus one ``{"attempt", "error", "at"}`` entry for the attempt that
+    just ended, keeping the last ERROR_HISTORY_LENGTH entries; ``at`` is the database clock.
+    ``error`` is a placeholder or an SQL expression giving the (already bounded) text."""
+    return (
+        f"jsonb_path_query_array({table}.errors || jsonb_build_array(jsonb_build_object("
+        f"'attempt', {table}.attempt, 'error', ({error})::text, 'at', now())), "
+        f"'$[last - {ERROR_HISTORY_LENGTH - 1} to last]')"
+    )
+
+
+def _unless_rerun(status: str, attempt: str = "t.attempt", run_after: str = "t.run_after",
+                  worker_ids: str = "t.worker_ids") -> str:
+    """The SET clauses every end of a run shares, with the re-run rule: a task enqueued again
+    under its key while it ran (``rerun_requested``) is due again now, attempts afresh."""
+    return f"""
+        status = CASE WHEN t.rerun_requested THEN 'READY' ELSE {status} END,
+        attempt = CASE WHEN t.rerun_requested THEN 0 ELSE {attempt} END,
+        run_after = CASE WHEN t.rerun_requested THEN now() ELSE {run_after} END,
+        worker_ids = CASE WHEN t.rerun_requested THEN '[]'::jsonb ELSE {worker_ids} END,
+        rerun_requested = false, finished_at = now(), locked_at = NULL, updated_at = now()"""
+
+
+#: The worker ids of a task's attempts without the last one: for an attempt given back.
+_WITHOUT_LAST_WORKER = "t.worker_ids - (jsonb_array_length(t.worker_ids) - 1)"
+
+#: The lease guard: still RUNNING under the worker and claim that the arrays name.
+_LEASED = ("t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker "
+           "AND t.claims = v.lease")
+
+# Successes: the (JSON text) result of each run; NULL for None.
+SUCCEED_SQL = f"""
+    UPDATE pgtasks_task t SET {_unless_rerun("'SUCCESSFUL'")},
+        result = v.result::jsonb, error_text = ''
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[])
+         AS v(id, worker, lease, result)
+    WHERE {_LEASED}
+    RETURNING t.id, t.status
+"""
+
+# Failed attempts: the error text, and the retry delay in seconds (NULL: fatal, no retry).
+# With a delay and attempts left the task awaits its retry, else it ends FAILED.
+_CAN_RETRY = "v.delay IS NOT NULL AND t.attempt < t.max_attempts"
+FAIL_SQL = f"""
+    UPDATE pgtasks_task t SET {_unless_rerun(
+        f"CASE WHEN {_CAN_RETRY} THEN 'AWAITING_RETRY' ELSE 'FAILED' END",
+        run_after=f"CASE WHEN {_CAN_RETRY} THEN now() + make_interval(secs => v.delay) "
+                  f"ELSE t.run_after END")},
+        error_text = v.error, errors = {append_error_sql("v.error", "t")}
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[], %s::float8[])
+         AS v(id, worker, lease, error, delay)
+    WHERE {_LEASED}
+    RETURNING t.id, t.status
+"""
+
+# Runs that stopped because their cancellation was requested (or the handler raised
+# TaskCancelled): CANCELLED for good, unless re-run under its key.
+CANCEL_SQL = f"""
+    UPDATE pgtasks_task t SET {_unless_rerun("'CANCELLED'")},
+        cancel_requested = false,
+        error_text = v.error,
+        errors = CASE WHEN v.error = '' THEN t.errors
+                      ELSE {append_error_sql("v.error", "t")} END
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[])
+         AS v(id, worker, lease, error)
+    WHERE {_LEASED}
+    RETURNING t.id, t.status
+"""
+
+# Snoozed runs: due again after the given seconds, the attempt given back, the snooze counted
+# in metadata. A cancellation requested meanwhile wins.
+SNOOZE_SQL = f"""
+    UPDATE pgtasks_task t SET {_unless_rerun(
+        "CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'READY' END",
+        attempt="greatest(t.attempt - 1, 0)",
+        run_after="now() + make_interval(secs => v.seconds)",
+        worker_ids=_WITHOUT_LAST_WORKER)},
+        metadata = CASE WHEN jsonb_typeof(t.metadata) = 'object'
+                        THEN t.metadata || jsonb_build_object(
+                            'snoozes', coalesce((t.metadata ->> 'snoozes')::int, 0) + 1)
+                        ELSE t.metadata END,
+        cancel_requested = t.cancel_requested AND NOT t.rerun_requested
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::float8[])
+         AS v(id, worker, lease, seconds)
+    WHERE {_LEASED}
+    RETURNING t.id, t.status
+"""
+
+# An interrupted run (the worker died, shut down, or lost its connection) is not the
+# handler's failure: the attempt is given back and run_after kept, so the task runs again in
+# its original place in the queue. Past the interruption budget (the first placeholder) it
+# ends FAILED with TooManyInterruptions (the second: its text, without the count); a
+# cancellation requested meanwhile ends it CANCELLED. Shared by INTERRUPT_SQL and RESCUE_SQL,
+# whose rows are aliased ``t`` and whose reason is ``v.error``.
+_OVER_BUDGET = "t.interruptions >= %s"
+_INTERRUPTED = f"""{_unless_rerun(
+        f"CASE WHEN t.cancel_requested THEN 'CANCELLED' WHEN {_OVER_BUDGET} THEN 'FAILED' "
+        f"WHEN t.attempt > 1 THEN 'AWAITING_RETRY' ELSE 'READY' END",
+        attempt=f"CASE WHEN {_OVER_BUDGET} OR t.cancel_requested THEN t.attempt "
+                f"ELSE greatest(t.attempt - 1, 0) END",
+        worker_ids=_WITHOUT_LAST_WORKER)},
+        interruptions = CASE WHEN t.rerun_requested THEN 0 ELSE t.interruptions + 1 END,
+        cancel_requested = t.cancel_requested AND NOT t.rerun_requested,
+        error_text = CASE WHEN {_OVER_BUDGET} AND NOT t.rerun_requested
+                               AND NOT t.cancel_requested
+                          THEN left(%s || ' The last interruption (' || (t.interruptions + 1)
+                                    || '): ' || split_part(v.error, E'\n', 1), %s)
+                          ELSE v.error END,
+        errors = {append_error_sql("v.error", "t")}"""
+
+
+def _interrupted_params() -> list[Any]:
+    budget = int(pgtasks_settings.MAX_INTERRUPTIONS)
+    over = reason_text(TooManyInterruptions, f"The task was interrupted more than {budget} "
+                       f"times (PGTASKS['MAX_INTERRUPTIONS']); it may be what stops its worker "
+                       f"(out of memory, a crash in native code).")
+    return [budget, budget, budget, over, int(pgtasks_settings.ERROR_TEXT_LIMIT)]
+
+
+INTERRUPT_SQL = f"""
+    UPDATE pgtasks_task t SET {_INTERRUPTED}
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[])
+         AS v(id, worker, lease, error)
+    WHERE {_LEASED}
+    RETURNING t.id, t.status
+"""
+
+# Claims undone: tasks that never started go back as if they had not been claimed (the
+# attempt and its worker id are taken back; nothing is counted).
+UNCLAIM_SQL = f"""
+    UPDATE pgtasks_task t SET
+        status = CASE WHEN t.attempt > 1 THEN 'AWAITING_RETRY' ELSE 'READY' END,
+        attempt = t.attempt - 1, locked_at = NULL, started_at = NULL, updated_at = now(),
+        worker_ids = {_WITHOUT_LAST_WORKER}, rerun_requested = false
+    FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS v(id, worker, lease)
+    WHERE {_LEASED}
+    RETURNING t.id, t.status
+"""
+
+# -- liveness: which running tasks are abandoned ---------------------------------------------
+
+#: First key of every advisory lock django-pgtasks takes ("pgts"), so they are easy to tell
+#: apart from an application's own advisory locks in pg_locks.
+LOCK_NAMESPACE = 0x70677473
+MAX_INT4 = 2**31 - 1
+
+
+def lock_key(worker_pk: int) -> int:
+    """The second advisory-lock key (an int4) of a worker's liveness lock, from its row id."""
+    return (worker_pk - 1) % (MAX_INT4 - 1) + 1
+
+
+# A worker is lost if (a) its liveness lock is not held by any session of this database and it
+# has been silent for the grace period, or (b) it has been silent for the worker timeout.
+# Takes RESCUE_GRACE and WORKER_TIMEOUT.
+LOST_WORKER_SQL = f"""
+    (w.last_seen_at < now() - make_interval(secs => %s)
+     AND w.lock_key IS NOT NULL
+     AND NOT EXISTS (
+         SELECT 1 FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND l.granted
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND l.classid = {LOCK_NAMESPACE} AND l.objid = w.lock_key AND l.objsubid = 2))
+    OR w.last_seen_at < now() - make_interval(secs => %s)
+"""
+
+# A running task is abandoned if its worker is lost, or (c) no registered worker has its name
+# and its lease is older than the worker timeout. Reads only RUNNING rows (a partial index).
+# Takes RESCUE_GRACE, WORKER_TIMEOUT, WORKER_TIMEOUT (abandoned_params()).
+ABANDONED_SQL = f"""
+    "pgtasks_task"."locked_by" IN (SELECT w.name FROM pgtasks_worker w WHERE {LOST_WORKER_SQL})
+    OR (NOT EXISTS (SELECT 1 FROM pgtasks_worker w WHERE w.name = "pgtasks_task"."locked_by")
+        AND "pgtasks_task"."locked_at" < now() - make_interval(secs => %s))
+"""
+
+
+def lost_worker_params() -> list[float]:
+    s = pgtasks_settings
+    return [float(s.RESCUE_GRACE), float(s.WORKER_TIMEOUT)]
+
+
+def abandoned_params() -> list[float]:
+    return [*lost_worker_params(), float(pgtasks_settings.WORKER_TIMEOUT)]
+
+
+# The rescue: the runs of lost workers are interrupted (the same rules as INTERRUPT_SQL).
+RESCUE_SQL = f"""
+    WITH v AS (
+        SELECT id, 'django_pgtasks.exceptions.WorkerLost: worker ' || locked_by
+               || ' stopped while running attempt ' || attempt || ' (process killed, '
+               || 'connection lost or hung); the task was given back.' AS error
+        FROM pgtasks_task WHERE status = 'RUNNING' AND ({ABANDONED_SQL})
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE pgtasks_task t SET {_INTERRUPTED}
+    FROM v WHERE t.id = v.id
+    RETURNING t.id, t.name, t.locked_by, t.status
+"""
+
+
+def rescue_params() -> list[Any]:
+    """Parameters of :data:`RESCUE_SQL`."""
+    return [*abandoned_params(), *_interrupted_params()]
+
+
+# -- outcomes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    #: The handler's return value, already checked to be storable (plain JSON).
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: str
+    #: Seconds until the retry; ``None``: fatal, never retried.
+    retry_delay: float | None = None
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Snoozed:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    error: str
+
+
+Outcome = Succeeded | Failed | Cancelled | Snoozed | Interrupted
+
+
+def _json(value: Any) -> str | None:
+    import json
+
+    return None if value is None else json.dumps(value, allow_nan=False)
+
+
+def _delay(seconds: float | None) -> float | None:
+    if seconds is None:
+        return None
+    seconds = float(seconds)
+    if seconds != seconds:  # NaN from a backoff policy: retry as late as allowed
+        return MAX_RETRY_DELAY
+    return min(max(seconds, 0.0), MAX_RETRY_DELAY)
+
+
+#: Per kind of outcome: the statement and the extra columns for each run.
+_STATEMENTS: dict[type, tuple[str, Callable[[Any], list[Any]]]] = {
+    Succeeded: (SUCCEED_SQL, lambda o: [_json(o.result)]),
+    Failed: (FAIL_SQL, lambda o: [truncate_error(o.error), _delay(o.retry_delay)]),
+    Cancelled: (CANCEL_SQL, lambda o: [truncate_error(o.error)]),
+    Snoozed: (SNOOZE_SQL, lambda o: [float(o.seconds)]),
+    Interrupted: (INTERRUPT_SQL, lambda o: [truncate_error(o.error)]),
+}
+
+
+def write(using: str, runs: Sequence[tuple[Claimed, Outcome]]) -> dict[int, str]:
+    """Record ``runs`` (all of one kind of outcome) in one statement; return the new status
+    of each task recorded. A task missing from the result was no longer held (its lease was
+    lost: rescued, cancelled or requeued meanwhile) and did not change.
+
+    Raises what the database raises: use a :class:`Recorder` to keep the invariant.
+    """
+    if not runs:
+        return {}
+    kind = type(runs[0][1])
+    sql, extra = _STATEMENTS[kind]
+    columns: list[list[Any]] = [[], [], []]
+    for task, outcome in runs:
+        if type(outcome) is not kind:
+            raise TypeError("write() takes outcomes of one kind.")
+        columns[0].append(task.pk)
+        columns[1].append(task.locked_by)
+        columns[2].append(task.claims)
+        values = extra(outcome)
+        while len(columns) < 3 + len(values):
+            columns.append([])
+        for i, value in enumerate(values):
+            columns[3 + i].append(value)
+    params: list[Any] = _interrupted_params() if kind is Interrupted else []
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [*params, *columns])
+        return dict(cursor.fetchall())
+
+
+def unclaim(using: str, tasks: Sequence[Claimed]) -> dict[int, str]:
+    """Give back claimed tasks that never started, as if they had not been claimed."""
+    if not tasks:
+        return {}
+    with connections[using].cursor() as cursor:
+        cursor.execute(UNCLAIM_SQL, [[t.pk for t in tasks], [t.locked_by for t in tasks],
+                                     [t.claims for t in tasks]])
+        return dict(cursor.fetchall())
+
+
+def unstorable(exc: BaseException) -> Failed:
+    """The failure recorded for a run whose outcome the database refused to store."""
+    return Failed(reason_text(UnstorableResultError, f"The task's outcome could not be "
+                              f"stored: {qualified_name(type(exc))}: {exc}"), None)
+
+
+# -- the invariant ---------------------------------------------------------------------------
+
+
+class Recorder:
+    """Records outcomes so that every claimed task ends recorded or back in the queue.
+
+    - A *transient* database error (:func:`~django_pgtasks.base.errors.is_transient`: connection
+      lost or refused, serialization failure, lock or statement timeout) closes the
+      connection and tries again after a pause (doubling up to ``ERROR_PAUSE_MAX``), at most
+      ``tries`` times, and not once ``give_up`` is set. Runs still unrecorded then are
+      reported as such: the worker gives them back (:meth:`Worker._give_back_orphans`).
+    - Any other error means the statement will fail the same way again: a batch is split in
+      halves until the culprit is alone, so the other runs are recorded; the culprit's
+      outcome is replaced by a failure that says what could not be stored
+      (:func:`unstorable`); if even that fails, the task is interrupted (given back); if
+      even that fails, it is left to the rescue and the error logged.
+
+    Nothing is swallowed without a log line. Thread-safe: each thread uses its own Django
+    connection to ``using``.
+    """
+
+    def __init__(self, using: str, *, give_up: threading.Event | None = None,
+                 tries: int = 8) -> None:
+        self.using = using
+        self.give_up = give_up or threading.Event()
+        self.tries = tries
+
+    def record(self, runs: Iterable[tuple[Claimed, Outcome]]) -> dict[int, str | None]:
+        """Record ``runs``; return each task's new status, ``""`` if it was no longer held
+        (nothing changed), ``None`` if nothing could be recorded (the database stayed
+        unreachable)."""
+        by_kind: dict[type, list[tuple[Claimed, Outcome]]] = {}
+        for task, outcome in runs:
+            by_kind.setdefault(type(outcome), []).append((task, outcome))
+        statuses: dict[int, str | None] = {}
+        for group in by_kind.values():
+            statuses.update(self._record(group))
+        return statuses
+
+    def _record(self, runs: list[tuple[Claimed, Outcome]]) -> dict[int, str | None]:
+        try:
+            written = self._with_retries(runs)
+        except Exception as exc:  # refused: the same statement would fail again
+            if len(runs) > 1:
+                middle = len(runs) // 2
+                return {**self._record(runs[:middle]), **self._record(runs[middle:])}
+            return self._fallback(runs[0], exc)
+        if written is None:
+            return {task.pk: None for task, _ in runs}
+        for task, _ in runs:
+            if task.pk not in written:
+                logger.warning(
+                    "Task id=%s name=%s was no longer held by worker %s when its run ended; "
+                    "its outcome was not recorded.", task.pk, task.name, task.locked_by)
+        return {task.pk: written.get(task.pk, "") for task, _ in runs}
+
+    def _fallback(self, run: tuple[Claimed, Outcome], exc: Exception) -> dict[int, str | None]:
+        task, outcome = run
+        kind = type(outcome).__name__.lower()
+        logger.error("Task id=%s name=%s: its outcome (%s) could not be recorded: %r",
+                     task.pk, task.name, kind, exc, exc_info=exc)
+        replacements: list[Outcome] = []
+        if not isinstance(outcome, Failed | Interrupted):
+            replacements.append(unstorable(exc))
+        if not isinstance(outcome, Interrupted):
+            replacements.append(Interrupted(reason_text(
+                type(exc), f"recording the outcome of this run failed ({kind}): {exc}")))
+        for replacement in replacements:
+            try:
+                written = self._with_retries([(task, replacement)])
+            except Exception as again:
+                logger.error("Task id=%s: recording %s instead failed too: %r", task.pk,
+                             type(replacement).__name__, again, exc_info=again)
+                continue
+            if written is None:
+                return {task.pk: None}
+            return {task.pk: written.get(task.pk, "")}
+        logger.error("Task id=%s name=%s stays RUNNING until the rescue of abandoned tasks "
+                     "takes it back.", task.pk, task.name)
+        return {task.pk: None}
+
+    def _with_retries(self, runs: list[tuple[Claimed, Outcome]]) -> dict[int, str] | None:
+        """:func:`write`, tried again on transient errors; ``None`` if it never succeeded."""
+        return self.attempt(lambda: write(self.using, runs), len(runs))
+
+    def attempt(self, action: Callable[[], T], count: int = 1) -> T | None:
+        """Run ``action`` (which records ``count`` outcomes) and return its value; on a
+        transient database error close the connection, pause and try again, at most
+        ``tries`` times; ``None`` if it never succeeded. Other errors are raised.
+
+        Inside a transaction (the in-test runner), ``action`` runs in a savepoint, so that a
+        refused statement leaves the transaction usable for the fallback, and a transient
+        error is not retried (the transaction is lost with the connection).
+        """
+        connection = connections[self.using]
+        if connection.in_atomic_block:
+            try:
+                with transaction.atomic(using=self.using):
+                    return action()
+            except (DatabaseError, InterfaceError) as exc:
+                if not is_transient(exc):
+                    raise
+                logger.error("Database error while recording %d outcome(s): %s", count, exc)
+                return None
+        pause = pgtasks_settings.ERROR_PAUSE
+        for attempt in range(1, self.tries + 1):
+            try:
+                # One statement in autocommit mode: atomic by itself, one round trip.
+                return action()
+            except (DatabaseError, InterfaceError) as exc:
+                if not is_transient(exc):
+                    raise
+                logger.warning("Database error while recording %d outcome(s) (try %d of %d): "
+                               "%s", count, attempt, self.tries, exc)
+                close_connection(self.using)
+            if attempt == self.tries or self.give_up.wait(pause):
+                break
+            pause = min(pause * 2, pgtasks_settings.ERROR_PAUSE_MAX)
+        logger.error("Could not record %d outcome(s); the tasks will be given back.", count)
+        return None
+
+
+def close_connection(alias: str) -> None:
+    """Close this thread's connection to ``alias``, ignoring errors (it may be broken)."""
+    with contextlib.suppress(DatabaseError, InterfaceError):
+        connections[alias].close()

@@ -1,0 +1,21 @@
+"""The tables of the queue: tasks and their archive, workers, schedules, queue controls.
+
+Every state change of a task is a guarded statement of :mod:`django_pgtasks.lifecycle`,
+called through the task manager (:mod:`.manager`); the named queries live in :mod:`.queries`.
+Time that decides when a task may run always comes from the database clock (``now()``).
+"""
+
+from django_pgtasks.models.controls import MAX_RATE_LIMIT, KeyRateLimit, QueueControl
+from django_pgtasks.models.fields import TimestampArrayField
+from django_pgtasks.models.manager import TaskManager
+from django_pgtasks.models.queries import CancelResult, TaskQuerySet
+from django_pgtasks.models.schedules import Schedule
+from django_pgtasks.models.status import CLAIM_ORDER, FINISHED, LIVE, PENDING, Status
+from django_pgtasks.models.task import ArchivedTask, Task, TaskFields
+from django_pgtasks.models.workers import WorkerProcess
+
+__all__ = [
+    "CLAIM_ORDER", "FINISHED", "LIVE", "MAX_RATE_LIMIT", "PENDING", "ArchivedTask",
+    "CancelResult", "KeyRateLimit", "QueueControl", "Schedule", "Status", "Task",
+    "TaskFields", "TaskManager", "TaskQuerySet", "TimestampArrayField", "WorkerProcess",
+]

@@ -1,0 +1,483 @@
+"""The task manager: enqueue (one, many, bulk), claim, and the ends of a run.
+
+The manager is the public face of :mod:`django_pgtasks.lifecycle`: it validates what it is
+given, then calls the named statements there, passing itself in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models
+from django.db.models import Value
+from django.db.models.functions import Now
+
+from django_pgtasks.base.payload import serialize_payload, task_payload_json
+from django_pgtasks.base.registry import TaskHandler, get_handler
+from django_pgtasks.base.routing import database_for_queue, queues_on
+from django_pgtasks.base.validation import (
+    delay_seconds,
+    resolve_concurrency,
+    validate_options,
+    validate_queue,
+)
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.exceptions import InvalidTaskError
+from django_pgtasks.lifecycle import claim as claiming
+from django_pgtasks.lifecycle import transitions
+from django_pgtasks.models.queries import TaskQuerySet
+from django_pgtasks.models.status import Status
+from django_pgtasks.signals import task_enqueued
+
+if TYPE_CHECKING:
+    from django_pgtasks.models.task import Task
+
+logger = logging.getLogger("django_pgtasks")
+
+
+class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[misc]
+    def _db_alias(self, using: str | None, queue: str | None = None) -> str:
+        """The database to use: ``using``, else the manager's (``db_manager()``), else the
+        database of ``queue`` (:func:`~django_pgtasks.base.routing.database_for_queue`), else
+        ``PGTASKS["DATABASE"]``."""
+        if using or self._db:
+            return using or self._db
+        return database_for_queue(queue) if queue else pgtasks_settings.DATABASE
+
+    def _task_db(self, task: Task, using: str | None) -> str:
+        """The database that holds ``task``: ``using``, where it was read, or its queue's."""
+        return using or self._db or task._state.db or database_for_queue(task.queue)
+
+    # -- enqueueing ----------------------------------------------------------------------
+
+    def build(
+        self,
+        name_or_handler: str | TaskHandler,
+        *args: Any,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_after: datetime | None = None,
+        delay: timedelta | float | None = None,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        stage: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        **kwargs: Any,
+    ) -> Task:
+        """Return a validated, unsaved task; raise ``InvalidTaskError`` if anything is wrong.
+
+        Nothing is written. :meth:`enqueue` saves one; :meth:`enqueue_many` saves many.
+        Everything PostgreSQL would refuse is refused here, so a refused task never leaves
+        the caller's transaction unusable (see :mod:`django_pgtasks.base.payload`).
+        """
+        handler = (
+            name_or_handler if isinstance(name_or_handler, TaskHandler)
+            else get_handler(name_or_handler)
+        )
+        validate_options(priority=priority, max_attempts=max_attempts, key=key, stage=stage)
+        queue = validate_queue(queue or handler.queue or pgtasks_settings.DEFAULT_QUEUE)
+        seconds = delay_seconds(run_after, delay)
+        payload = serialize_payload(args, kwargs)
+        clean_args, clean_kwargs = payload[0], payload[1]
+        concurrency_key, concurrency_limit = resolve_concurrency(
+            handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs)
+        task = self.model(
+            key=key,
+            stage=stage,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            name=handler.name,
+            queue=queue,
+            args=clean_args,
+            kwargs=clean_kwargs,
+            priority=_first(priority, handler.priority, pgtasks_settings.DEFAULT_PRIORITY),
+            max_attempts=_first(max_attempts, handler.max_attempts, pgtasks_settings.MAX_ATTEMPTS),
+        )
+        task._payload_json = payload  # the validated JSON text, for task_payload_json()
+        if run_after is not None:
+            task.run_after = run_after
+        elif seconds:
+            # Relative to the database clock, evaluated by the INSERT itself.
+            task.run_after = Now() + Value(timedelta(seconds=seconds))
+            task._delay_seconds = seconds
+        return task
+
+    def enqueue(
+        self,
+        name_or_handler: str | TaskHandler,
+        *args: Any,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_after: datetime | None = None,
+        delay: timedelta | float | None = None,
+        max_attempts: int | None = None,
+        using: str | None = None,
+        key: str | None = None,
+        stage: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        **kwargs: Any,
+    ) -> Task:
+        """Insert one task and return it.
+
+        The INSERT runs on the caller's connection and inside the caller's transaction: if
+        the caller rolls back, the task never existed, and no worker can see it before the
+        caller commits. The connection is that of the queue's database
+        (:func:`~django_pgtasks.base.routing.database_for_queue`) unless ``using`` names one; a
+        queue on another database than the caller's data is not atomic with it
+        (docs/scaling.md). ``name_or_handler`` is a ``@pgtask`` handler or its registered name;
+        ``args``/``kwargs`` must be plain JSON. ``run_after`` (aware datetime) or ``delay``
+        (seconds or timedelta from the database's ``now()``) postpone the first attempt.
+
+        With ``key`` there is at most one live task per key (the pattern "re-run when the
+        source changes"): if a task with that key is waiting, it stays the only one — it takes
+        the new arguments, the higher priority and the earlier ``run_after`` — and is
+        returned; if it is running, it runs once more after the current attempt (with the new
+        arguments); if none is live, a new task is inserted. Concurrent enqueues of one key
+        are serialized by a unique index (``INSERT … ON CONFLICT``), never check-then-insert.
+        ``task.deduplicated`` tells whether an existing task absorbed the request.
+
+        With ``concurrency_key`` at most ``concurrency_limit`` (default 1) tasks of that key
+        run at once, across all workers; the claim enforces it (see
+        ``docs/howto/concurrency-limits.md``). ``@pgtask(concurrency_key=...,
+        concurrency_limit=...)`` sets defaults.
+        """
+        task = self.build(
+            name_or_handler, *args, queue=queue, priority=priority, run_after=run_after,
+            delay=delay, max_attempts=max_attempts, key=key, stage=stage,
+            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit, **kwargs,
+        )
+        db = self._db_alias(using, task.queue)
+        if key is None:
+            task.save(force_insert=True, using=db)
+            task.deduplicated = False
+        else:
+            task = self._upsert_keyed(task, db)
+        task_enqueued.send(sender=self.model, task=task)
+        return task
+
+    def _upsert_keyed(self, task: Task, db: str) -> Task:
+        run_after = task.run_after if isinstance(task.run_after, datetime) else None
+        params = [task.name, task.queue, *task_payload_json(task),
+                  task.priority, task.max_attempts, run_after,
+                  getattr(task, "_delay_seconds", None), json.dumps(task.metadata), task.key,
+                  task.stage, task.concurrency_key, task.concurrency_limit]
+        [row] = list(self.db_manager(db).raw(UPSERT_KEYED_SQL, params)) or [None]
+        if row is None:
+            raise InvalidTaskError(
+                f"Key {task.key!r} belongs to a live task of another task name; keys are "
+                f"unique across all tasks while they wait or run."
+            )
+        row.deduplicated = not row.inserted
+        return row
+
+    def enqueue_many(self, tasks: Iterable[Task], using: str | None = None) -> list[Task]:
+        """Insert many tasks (built with :meth:`build` or ``handler.build()``) in one statement.
+
+        Validation happens while building, so a bad task raises before anything is written.
+        The INSERT takes one array per column (``INSERT … SELECT FROM unnest(…)``), so its
+        size and parse time do not grow with a parameter per value; the tasks come back
+        saved, with their ids.
+        """
+        tasks = list(tasks)
+        if not tasks:
+            return []
+        for task in tasks:
+            if task.pk is not None or not isinstance(task, self.model):
+                raise TypeError("enqueue_many() takes unsaved tasks from Task.objects.build().")
+            # Every payload is known good before the first INSERT (one per database).
+            task_payload_json(task)
+        # Without ``using``, each task goes to its queue's database: one INSERT per database
+        # (not atomic together, unless the caller's transactions make them so).
+        by_db: dict[str, list[Task]] = {}
+        for task in tasks:
+            by_db.setdefault(self._db_alias(using, task.queue), []).append(task)
+        for db, group in by_db.items():
+            self._insert_many(group, db)
+        if task_enqueued.has_listeners(self.model):
+            for task in tasks:
+                task_enqueued.send(sender=self.model, task=task)
+        return tasks
+
+    def _insert_many(self, tasks: list[Task], db: str) -> None:
+        payloads = [task_payload_json(t) for t in tasks]
+        columns = {
+            "name": [t.name for t in tasks],
+            "queue": [t.queue for t in tasks],
+            "args": [args for args, _ in payloads],
+            "kwargs": [kwargs for _, kwargs in payloads],
+            "priority": [t.priority for t in tasks],
+            "max_attempts": [t.max_attempts for t in tasks],
+            "run_after": [t.run_after if isinstance(t.run_after, datetime) else None
+                          for t in tasks],
+            "delay": [getattr(t, "_delay_seconds", None) for t in tasks],
+            "metadata": [json.dumps(t.metadata) for t in tasks],
+            "key": [t.key for t in tasks],
+            "stage": [t.stage for t in tasks],
+            "concurrency_key": [t.concurrency_key for t in tasks],
+            "concurrency_limit": [t.concurrency_limit for t in tasks],
+        }
+        with connections[db].cursor() as cursor:
+            cursor.execute(ENQUEUE_MANY_SQL, list(columns.values()))
+            rows = cursor.fetchall()
+        for task, (pk, run_after, created_at) in zip(tasks, rows, strict=True):
+            task.pk, task.run_after, task.created_at, task.updated_at = (
+                pk, run_after, created_at, created_at)
+            task._state.adding = False
+            task._state.db = db
+
+    def enqueue_bulk(
+        self,
+        name_or_handler: str | TaskHandler,
+        calls: Iterable[Sequence[Any] | Mapping[str, Any]],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        using: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+    ) -> list[int]:
+        """Enqueue one task per item of ``calls`` through ``COPY``; return the new ids.
+
+        The fast path for very large batches (hundreds of thousands): no model instance is
+        built per task. Each item is the positional arguments (a list or tuple) or the
+        keyword arguments (a dict) of one run; every task shares the handler and options and
+        is due at once. Every item is validated before anything is written; the rows are
+        written in the caller's transaction, like :meth:`enqueue`, and notify workers the
+        same way. No ``task_enqueued`` signal is sent (there is no task instance to send).
+        ``concurrency_key``/``concurrency_limit`` apply to every task (a handler's callable
+        ``concurrency_key`` default is called per item).
+        """
+        handler = (
+            name_or_handler if isinstance(name_or_handler, TaskHandler)
+            else get_handler(name_or_handler)
+        )
+        validate_options(priority=priority, max_attempts=max_attempts)
+        queue = validate_queue(queue or handler.queue or pgtasks_settings.DEFAULT_QUEUE)
+        priority = _first(priority, handler.priority, pgtasks_settings.DEFAULT_PRIORITY)
+        max_attempts = _first(max_attempts, handler.max_attempts, pgtasks_settings.MAX_ATTEMPTS)
+        # The limits are read once, not once per item.
+        max_depth = pgtasks_settings.MAX_PAYLOAD_DEPTH
+        max_bytes = pgtasks_settings.MAX_PAYLOAD_BYTES
+        payloads = []
+        for call in calls:
+            if isinstance(call, Mapping):
+                args, kwargs = (), call
+            elif isinstance(call, list | tuple):
+                args, kwargs = call, {}
+            else:
+                raise InvalidTaskError(
+                    f"Each item of enqueue_bulk() is one task's positional arguments (a list "
+                    f"or tuple) or keyword arguments (a dict), not {type(call).__name__} "
+                    f"{call!r:.50}."
+                )
+            clean_args, clean_kwargs, args_json, kwargs_json = serialize_payload(
+                args, kwargs, max_depth=max_depth, max_bytes=max_bytes)
+            payloads.append((args_json, kwargs_json, *resolve_concurrency(
+                handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs)))
+        if not payloads:
+            return []
+        with connections[self._db_alias(using, queue)].cursor() as cursor:
+            # Ids are taken from the table's identity sequence first, since COPY returns none.
+            cursor.execute("SELECT nextval(pg_get_serial_sequence('pgtasks_task', 'id')) "
+                           "FROM generate_series(1, %s)", [len(payloads)])
+            ids = [row[0] for row in cursor.fetchall()]
+            with cursor.copy(
+                "COPY pgtasks_task (id, name, queue, args, kwargs, priority, max_attempts, "
+                "status, attempt, error_text, metadata, concurrency_key, concurrency_limit) "
+                "FROM STDIN"
+            ) as copy:
+                for pk, (args, kwargs, ckey, climit) in zip(ids, payloads, strict=True):
+                    copy.write_row((pk, handler.name, queue, args, kwargs, priority,
+                                    max_attempts, Status.READY, 0, "", "{}", ckey, climit))
+        return ids
+
+    # -- claiming ------------------------------------------------------------------------
+
+    def claim(
+        self,
+        worker_id: str,
+        queues: Sequence[str] | None = None,
+        limit: int = 1,
+        using: str | None = None,
+    ) -> list[Task]:
+        """Atomically take up to ``limit`` due tasks for ``worker_id`` and mark them running.
+
+        Candidates are read with ``select_for_update(skip_locked=True)`` in priority order
+        (higher first), then oldest ``run_after``, then id; rows another worker is claiming
+        at this moment are skipped rather than waited for, so no two workers ever take the
+        same task. All of it is one short transaction; the tasks are returned in claim order.
+
+        Without ``using``, the claim runs on the database of ``queues`` (they must share one:
+        a claim is one transaction), or without ``queues`` on ``PGTASKS["DATABASE"]`` for the
+        queues it holds.
+        """
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, not {limit!r}.")
+        if queues:
+            queues = tuple(queues)
+            databases = {self._db_alias(using, queue) for queue in queues}
+            if len(databases) > 1:
+                raise ValueError(
+                    f"Queues {', '.join(queues)} are on different databases "
+                    f"({', '.join(sorted(databases))}); claim from one database at a time."
+                )
+            db = databases.pop()
+        else:
+            db = self._db_alias(using)
+            queues = tuple(queues_on(db)) or tuple(pgtasks_settings.queue_names)
+        # Plain or controlled (keys, rate limits, pauses): see django_pgtasks.lifecycle.claim.
+        return claiming.claim(self, worker_id, queues, limit, db)
+
+    # -- ending a run: thin faces of django_pgtasks.lifecycle.transitions, where each statement is
+    #    written and explained once. All are guarded by the run's lease (the worker and the
+    #    number of the claim, ``claims``): ``False`` (or a missing id) means the task was no
+    #    longer held.
+
+    def mark_succeeded(self, task: Task, result: Any = None, using: str | None = None) -> bool:
+        """Record success; ``False`` if the worker no longer held the task (nothing changed)."""
+        return self._end(task, transitions.Succeeded(result), using)
+
+    def mark_failed(
+        self, task: Task, error_text: str, *, retry_delay: float | None,
+        using: str | None = None,
+    ) -> bool:
+        """Record a failed attempt.
+
+        With ``retry_delay`` (seconds) and attempts left the task waits for retry until
+        ``now() + retry_delay`` on the database clock; otherwise (``None``: a fatal error, or
+        no attempts left) it ends ``FAILED``. ``False`` if the worker no longer held the task.
+        """
+        return self._end(task, transitions.Failed(error_text, retry_delay), using)
+
+    def mark_many_succeeded(
+        self, outcomes: Sequence[tuple[Task, Any]], using: str | None = None
+    ) -> set[int]:
+        """Record several successes in one statement; return the ids that were recorded.
+
+        Each row is guarded like :meth:`mark_succeeded`; ids missing from the result were not.
+        """
+        if not outcomes:
+            return set()
+        db = self._task_db(outcomes[0][0], using)
+        runs = [(task, transitions.Succeeded(result)) for task, result in outcomes]
+        return set(transitions.write(db, runs))
+
+    def unclaim(self, tasks: Sequence[Task], using: str | None = None) -> int:
+        """Give back claimed tasks that never started, as if they had not been claimed.
+
+        The attempt is not counted. Guarded like every completion; returns how many rows
+        changed.
+        """
+        if not tasks:
+            return 0
+        return len(transitions.unclaim(self._task_db(tasks[0], using), tasks))
+
+    def release(self, task: Task, reason: str, using: str | None = None) -> bool:
+        """Give a running task back because its run was interrupted (e.g. its worker shuts
+        down): the attempt is not counted, the task keeps its place in the queue, and one
+        interruption is counted (past ``PGTASKS["MAX_INTERRUPTIONS"]`` it ends ``FAILED``).
+        ``reason`` is recorded as the attempt's error text."""
+        return self._end(task, transitions.Interrupted(reason), using)
+
+    def mark_cancelled(self, task: Task, error_text: str = "", using: str | None = None) -> bool:
+        """Record that a running task stopped because it was cancelled: it ends ``CANCELLED``
+        (never retried). ``False`` if the worker no longer held the task (nothing changed)."""
+        return self._end(task, transitions.Cancelled(error_text), using)
+
+    def mark_snoozed(self, task: Task, seconds: float, using: str | None = None) -> bool:
+        """Put a running task back to wait ``seconds`` (database clock) without using up an
+        attempt: ``attempt`` goes back down, ``metadata["snoozes"]`` counts the snoozes.
+
+        A task whose cancellation was requested meanwhile ends ``CANCELLED`` instead; one whose
+        key was enqueued again while it ran is due at once, like any re-run. ``False`` if the
+        worker no longer held the task (nothing changed).
+        """
+        return self._end(task, transitions.Snoozed(seconds), using)
+
+    def _end(self, task: Task, outcome: transitions.Outcome, using: str | None) -> bool:
+        recorded = transitions.write(self._task_db(task, using), [(task, outcome)])
+        if not recorded:
+            logger.warning(
+                "Task id=%s name=%s was no longer held by worker %s when it finished; "
+                "its outcome was not recorded.", task.pk, task.name, task.locked_by,
+            )
+        return bool(recorded)
+
+    def wait(
+        self,
+        task: Task | int,
+        timeout: float | None = None,
+        *,
+        using: str | None = None,
+        poll_interval: float = 5.0,
+    ) -> Task:
+        """Block until ``task`` (a task or its id) is finished and return it, read afresh.
+
+        Wakes on the ``NOTIFY`` its completion sends (only tasks someone waits for send one),
+        with a check every ``poll_interval`` seconds as a safety net. Raises
+        :class:`~django_pgtasks.exceptions.TaskWaitTimeout` (a ``TimeoutError``) after
+        ``timeout`` seconds (``None``: no limit) and ``Task.DoesNotExist`` for an unknown id.
+        See :mod:`django_pgtasks.lifecycle.waiting`.
+        """
+        from django_pgtasks.lifecycle.waiting import wait_for_task
+
+        pk = task.pk if isinstance(task, self.model) else task
+        db = self._task_db(task, using) if isinstance(task, self.model) else self._db_alias(using)
+        return wait_for_task(pk, timeout, using=db, poll_interval=poll_interval)
+
+
+# Inserts one task per element of the column arrays; run_after is the given time, else the
+# delay from the statement's database time, else that time itself (as for a single INSERT).
+ENQUEUE_MANY_SQL = """
+    INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, max_attempts, run_after,
+                              metadata, key, stage, concurrency_key, concurrency_limit, status,
+                              attempt, error_text)
+    SELECT v.name, v.queue, v.args::jsonb, v.kwargs::jsonb, v.priority, v.max_attempts,
+           COALESCE(v.run_after, statement_timestamp() + make_interval(secs => v.delay),
+                    statement_timestamp()),
+           v.metadata::jsonb, v.key, v.stage, v.concurrency_key, v.concurrency_limit, 'READY',
+           0, ''
+    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::int[],
+                %s::timestamptz[], %s::float8[], %s::text[], %s::text[], %s::text[], %s::text[],
+                %s::smallint[])
+         AS v(name, queue, args, kwargs, priority, max_attempts, run_after, delay, metadata,
+              key, stage, concurrency_key, concurrency_limit)
+    RETURNING id, run_after, created_at
+"""
+
+# Enqueue with a deduplication key: insert, or fold the request into the live task that has
+# the key (the partial unique index pgtasks_task_live_key_uniq is the arbiter). A waiting task
+# takes the new arguments, the higher priority and the earlier run_after; a running one is
+# marked to run once more when its attempt ends. A live task of another name is left alone
+# and nothing is returned.
+UPSERT_KEYED_SQL = """
+    INSERT INTO pgtasks_task AS t (name, queue, args, kwargs, priority, max_attempts, run_after,
+                                   metadata, key, stage, concurrency_key, concurrency_limit,
+                                   status, attempt, error_text)
+    VALUES (%s, %s, %s::jsonb, %s::jsonb, %s, %s,
+            COALESCE(%s::timestamptz, statement_timestamp() + make_interval(secs => %s),
+                     statement_timestamp()),
+            %s::jsonb, %s, %s, %s, %s::smallint, 'READY', 0, '')
+    ON CONFLICT (key)
+        WHERE key IS NOT NULL AND status IN ('READY', 'AWAITING_RETRY', 'RUNNING')
+    DO UPDATE SET
+        args = EXCLUDED.args,
+        kwargs = EXCLUDED.kwargs,
+        priority = GREATEST(t.priority, EXCLUDED.priority),
+        run_after = CASE WHEN t.status = 'RUNNING' THEN t.run_after
+                         ELSE LEAST(t.run_after, EXCLUDED.run_after) END,
+        rerun_requested = t.rerun_requested OR t.status = 'RUNNING',
+        updated_at = now()
+    WHERE t.name = EXCLUDED.name
+    RETURNING t.*, (t.xmax = 0) AS inserted
+"""
+
+def _first(*values: Any) -> Any:
+    return next(v for v in values if v is not None)

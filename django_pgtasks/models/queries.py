@@ -1,0 +1,129 @@
+"""Named queries on the task table: which tasks wait, run, are stuck; operator actions on a
+selection."""
+
+from __future__ import annotations
+
+from django.db import models, transaction
+from django.db.models import F, Q
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Greatest, Now
+
+from django_pgtasks.base.validation import validate_options
+from django_pgtasks.lifecycle import transitions
+from django_pgtasks.models.status import CLAIM_ORDER, FINISHED, LIVE, PENDING, Status
+
+
+class CancelResult(int):
+    """What :meth:`TaskQuerySet.cancel` did: an ``int``, the number of tasks cancelled."""
+
+    cancelled: int
+    #: Running tasks whose worker was asked to stop them.
+    stopping: int
+    #: Selected tasks left alone: already finished (or gone meanwhile).
+    skipped: int
+
+    def __new__(cls, cancelled: int, stopping: int = 0, skipped: int = 0) -> CancelResult:
+        result = super().__new__(cls, cancelled)
+        result.cancelled, result.stopping, result.skipped = cancelled, stopping, max(skipped, 0)
+        return result
+
+    def __repr__(self) -> str:
+        return (f"CancelResult(cancelled={self.cancelled}, stopping={self.stopping}, "
+                f"skipped={self.skipped})")
+
+
+class TaskQuerySet(models.QuerySet):
+    def pending(self) -> TaskQuerySet:
+        """Tasks waiting for their first or next attempt, due or not."""
+        return self.filter(status__in=PENDING)
+
+    def due(self) -> TaskQuerySet:
+        """Pending tasks whose ``run_after`` has passed on the database clock."""
+        return self.pending().filter(run_after__lte=Now())
+
+    def ready(self) -> TaskQuerySet:
+        return self.filter(status=Status.READY)
+
+    def running(self) -> TaskQuerySet:
+        return self.filter(status=Status.RUNNING)
+
+    def awaiting_retry(self) -> TaskQuerySet:
+        return self.filter(status=Status.AWAITING_RETRY)
+
+    def succeeded(self) -> TaskQuerySet:
+        return self.filter(status=Status.SUCCESSFUL)
+
+    def failed(self) -> TaskQuerySet:
+        return self.filter(status=Status.FAILED)
+
+    def cancelled(self) -> TaskQuerySet:
+        return self.filter(status=Status.CANCELLED)
+
+    def finished(self) -> TaskQuerySet:
+        return self.filter(status__in=FINISHED)
+
+    def claimable(self, queue: str) -> TaskQuerySet:
+        """Due tasks of one queue in claim order: the range the claim index serves."""
+        return self.due().filter(queue=queue).order_by(*CLAIM_ORDER)
+
+    def held_by(self, worker_id: str) -> TaskQuerySet:
+        """Running tasks whose lease belongs to ``worker_id``."""
+        return self.running().filter(locked_by=worker_id)
+
+    def stuck(self) -> TaskQuerySet:
+        """Running tasks whose worker is lost or whose lease expired: what rescue takes back.
+
+        See :mod:`django_pgtasks.worker.liveness` for the rules.
+        """
+        abandoned = RawSQL(transitions.ABANDONED_SQL, transitions.abandoned_params(),
+                           output_field=models.BooleanField())
+        return self.running().filter(abandoned)
+
+    # -- operator actions: guarded UPDATEs; only cancel() touches a RUNNING task (flags it) ---
+
+    def retry_now(self) -> int:
+        """Make pending, failed or cancelled tasks due now; return how many changed.
+
+        A task whose attempts are used up gets one more (``max_attempts = attempt + 1``), and
+        its interruption budget starts afresh.
+        Running and successful tasks are left alone, and so is a finished task whose key now
+        belongs to another live task.
+        """
+        # A finished task whose key now belongs to another live task stays finished: two
+        # live tasks cannot share a key.
+        live = self.model._default_manager.filter(status__in=LIVE, key__isnull=False)
+        taken_keys = live.values("key")
+        return self.filter(
+            status__in=[*PENDING, Status.FAILED, Status.CANCELLED]
+        ).exclude(
+            Q(status__in=[Status.FAILED, Status.CANCELLED]) & Q(key__in=taken_keys)
+        ).update(
+            status=Status.READY, run_after=Now(), updated_at=Now(),
+            max_attempts=Greatest(F("max_attempts"), F("attempt") + 1),
+            cancel_requested=False, interruptions=0,
+        )
+
+    def cancel(self, *, running: bool = True) -> CancelResult:
+        """Cancel tasks; return how many were cancelled, asked to stop, and skipped.
+
+        Waiting tasks (ready or awaiting retry) end ``CANCELLED`` at once and never start.
+        Running tasks (unless ``running=False``) are asked to stop: ``cancel_requested`` is
+        set, which tells their worker at once (``NOTIFY``) or at its next heartbeat; the
+        handler sees it through ``TaskContext.should_stop()`` (an async handler is cancelled)
+        and the task ends ``CANCELLED`` if the handler stops by raising, or ``SUCCESSFUL`` if
+        it finishes its work anyway (see ``docs/howto/cancel-snooze-wait.md``). Finished tasks
+        are skipped. The result is an ``int`` (the number cancelled) with the attributes
+        ``cancelled``, ``stopping`` and ``skipped``.
+        """
+        with transaction.atomic(using=self.db):
+            selected = self.count()
+            cancelled = self.pending().update(
+                status=Status.CANCELLED, finished_at=Now(), updated_at=Now()
+            )
+            stopping = self.running().update(cancel_requested=True) if running else 0
+        return CancelResult(cancelled, stopping, selected - cancelled - stopping)
+
+    def set_priority(self, priority: int) -> int:
+        """Change the priority of waiting tasks (effective on the next claim); return how many."""
+        validate_options(priority=priority)
+        return self.pending().update(priority=priority, updated_at=Now())

@@ -1,0 +1,1 @@
+"""Numbers about the queue: statistics, the dashboard's snapshot and Prometheus metrics."""

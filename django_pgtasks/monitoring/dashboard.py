@@ -1,0 +1,716 @@
+"""The numbers of the admin dashboard, of ``manage.py pgtasks_stats`` and of the metrics view.
+
+Everything here answers "what is stuck, what is failing and why, is the queue keeping up"
+for one database alias, and each query is bounded by the rows it reports on, never by the
+size of the task table:
+
+- tasks waiting or running are counted through the partial indexes that hold only them
+  (``pgtasks_task_claim_idx``, ``pgtasks_task_running_idx``);
+- finished tasks are counted over a time window (the last ``hours``) through the partial index
+  ``pgtasks_task_finished_idx``;
+- tasks enqueued per hour are told by the ids handed out in each hour, found by a binary
+  search over the primary key (an estimate: a few hundred index probes);
+- numbers over the whole table (its size, the share of each status) come from PostgreSQL's
+  statistics (``pg_class.reltuples``, ``pg_stats``) and are marked as estimates.
+
+:func:`database_snapshot` gathers them all; the admin renders it, the command prints it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import F, Func, TextField, Value
+from django.db.models.functions import Left
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+
+from django_pgtasks.base.routing import queues_on
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.lifecycle.transitions import LOST_WORKER_SQL, lost_worker_params
+from django_pgtasks.models import LIVE, Task
+from django_pgtasks.monitoring.stats import QueueSize
+
+#: Characters of a normalized first error line that name its group. Bounds the links the
+#: dashboard builds and the values the error-group filter accepts.
+ERROR_GROUP_LENGTH = 200
+#: Error groups listed at most, commonest first.
+MAX_ERROR_GROUPS = 20
+#: Stuck tasks listed at most (all of them are counted).
+MAX_STUCK = 50
+#: Workers listed at most.
+MAX_WORKERS = 200
+#: Task names the table of counts per name and status shows at most.
+MAX_NAMES = 100
+#: Longest window the dashboard accepts, in hours (the default retention is 7 days).
+MAX_HOURS = 24 * 31
+#: Hours the chart covers, the current one included.
+CHART_HOURS = 24
+
+
+#: What :func:`error_group_expression` blanks out: hexadecimal words with a digit, then
+#: runs of digits (PostgreSQL regular expressions).
+HEX_WORD_PATTERN = r"\m(0x)?[0-9a-fA-F]*[0-9][0-9a-fA-F]*\M"
+DIGITS_PATTERN = "[0-9]+"
+#: :func:`error_group_expression` as SQL text, for raw statements; it takes the patterns as
+#: the parameters ``%(hex)s`` and ``%(digits)s``.
+ERROR_GROUP_SQL = (
+    "left(regexp_replace(regexp_replace(split_part(error_text, E'\\n', 1), %(hex)s, 'N', "
+    f"'g'), %(digits)s, 'N', 'g'), {ERROR_GROUP_LENGTH})"
+)
+
+
+def error_group_expression() -> Func:
+    """SQL naming a failure's group: the first line of ``error_text`` with ids blanked out.
+
+    Hexadecimal words that contain a digit (UUIDs, hashes, ``0x`` addresses), then any other
+    run of digits, become ``N``: "Order 41 not found" and "Order 97 not found" are one
+    problem. The dashboard groups by this expression and the changelist's error-group filter
+    compares with it, so a group's link always finds exactly the tasks that were counted.
+    """
+    first_line = Func(
+        F("error_text"), Value("\n"), Value(1), function="split_part", output_field=TextField()
+    )
+    without_hex = _regexp_replace(first_line, HEX_WORD_PATTERN)
+    return Left(_regexp_replace(without_hex, DIGITS_PATTERN), ERROR_GROUP_LENGTH)
+
+
+def _regexp_replace(expression: Func, pattern: str) -> Func:
+    return Func(
+        expression, Value(pattern), Value("N"), Value("g"),
+        function="regexp_replace", output_field=TextField(),
+    )
+
+
+def seconds_text(value: float | None) -> str:
+    """A duration or an age for people: ``0.042s``, ``12.5s``, ``7m05s``, ``3h20m``, ``2d4h``."""
+    if value is None:
+        return "-"
+    if value < 60:
+        return f"{value:.3f}s" if value < 10 else f"{value:.1f}s"
+    minutes, secs = divmod(int(value), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours}h"
+
+
+# -- the pieces ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueRow(QueueSize):
+    """One queue now (exact counts, as :class:`~django_pgtasks.monitoring.stats.QueueSize`),
+    and what it finished in the last hour."""
+
+    #: Tasks of the queue that ended in the last 60 minutes, by final state.
+    succeeded_last_hour: int
+    failed_last_hour: int
+    cancelled_last_hour: int
+
+    @property
+    def finished_last_hour(self) -> int:
+        return self.succeeded_last_hour + self.failed_last_hour + self.cancelled_last_hour
+
+    @property
+    def oldest_waiting_text(self) -> str:
+        return seconds_text(self.oldest_waiting)
+
+    @property
+    def longest_running_text(self) -> str:
+        return seconds_text(self.longest_running)
+
+
+@dataclass(frozen=True)
+class NameCounts:
+    """Tasks of one name: live ones now (exact), finished ones in the window (exact)."""
+
+    name: str
+    #: Status value -> count. Live states count every such task; finished states count the
+    #: tasks that ended in the window.
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class ErrorGroup:
+    #: The normalized first line of the error (see :func:`error_group_expression`).
+    text: str
+    #: Failed tasks of the group that ended in the window.
+    count: int
+    last_failed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class StuckTask:
+    id: int
+    name: str
+    queue: str
+    worker: str | None
+    attempt: int
+    max_attempts: int
+    #: Seconds since the lease was taken.
+    running_for: float | None
+
+    @property
+    def running_for_text(self) -> str:
+        return seconds_text(self.running_for)
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    name: str
+    hostname: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    started_at: datetime
+    last_seen_at: datetime
+    #: Seconds since its last heartbeat, on the database clock.
+    last_seen_ago: float
+    #: Lost by the rules of :mod:`django_pgtasks.worker.liveness`: its tasks are rescued.
+    lost: bool
+    running: int
+
+    @property
+    def last_seen_text(self) -> str:
+        return seconds_text(self.last_seen_ago)
+
+
+@dataclass(frozen=True)
+class HourPoint:
+    #: Start of the hour (UTC).
+    hour: datetime
+    enqueued: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    #: Tasks waiting or running at the end of the hour (now, for the current hour), derived
+    #: from today's count and the hourly flows: an estimate.
+    backlog: int
+
+
+@dataclass(frozen=True)
+class TableEstimate:
+    """Whole-table numbers from PostgreSQL's statistics (as of the last ``ANALYZE``)."""
+
+    #: Rows in the task table; ``None`` if the table was never analyzed.
+    rows: int | None
+    #: Status value -> estimated rows.
+    by_status: dict[str, int]
+
+
+@dataclass
+class DatabaseSnapshot:
+    """Everything the dashboard shows for one database alias."""
+
+    database: str
+    hours: int
+    #: Database time the snapshot was taken, and the start of its window.
+    now: datetime
+    since: datetime
+    queues: list[QueueRow]
+    names: list[NameCounts]
+    names_truncated: bool
+    error_groups: list[ErrorGroup]
+    stuck: list[StuckTask]
+    stuck_count: int
+    workers: list[WorkerRow]
+    chart: list[HourPoint]
+    estimate: TableEstimate
+
+    @property
+    def live_statuses(self) -> list[str]:
+        return list(LIVE)
+
+
+# -- queries -----------------------------------------------------------------------------------
+
+# Per queue, tasks that ended since %s (the window start), by final state.
+QUEUE_FINISHED_SQL = """
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'SUCCESSFUL'),
+           count(*) FILTER (WHERE status = 'FAILED'),
+           count(*) FILTER (WHERE status = 'CANCELLED')
+    FROM pgtasks_task
+    WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') AND finished_at >= %s
+    GROUP BY queue
+"""
+
+# Per queue, name and state, the waiting tasks (claim index; due or not, and the oldest due
+# one's age) and the running ones (running index; the longest one's age): queue sizes and
+# counts per name from one pass over the live tasks.
+LIVE_SQL = """
+    SELECT queue, name, status, run_after <= now(), count(*),
+           extract(epoch FROM now() - min(run_after))::float8
+    FROM pgtasks_task WHERE status IN ('READY', 'AWAITING_RETRY') GROUP BY 1, 2, 3, 4
+    UNION ALL
+    SELECT queue, name, status, true, count(*),
+           extract(epoch FROM now() - min(locked_at))::float8
+    FROM pgtasks_task WHERE status = 'RUNNING' GROUP BY 1, 2, 3
+"""
+
+# The tasks that ended since %(since)s, in one pass over that range of the finished index:
+# per hour (UTC), name, queue, state and whether in the last hour (since %(last_hour)s); and
+# the failed ones per hour and error group (see error_group_expression). GROUPING() tells
+# the two apart.
+FINISHED_WINDOW_SQL = f"""
+    SELECT hour, name, queue, status, last_hour, error_group, count(*), max(finished_at),
+           GROUPING(error_group)
+    FROM (
+        SELECT date_trunc('hour', finished_at, 'UTC') AS hour, name, queue, status,
+               finished_at >= %(last_hour)s AS last_hour,
+               CASE WHEN status = 'FAILED' THEN {ERROR_GROUP_SQL} END AS error_group,
+               finished_at
+        FROM pgtasks_task
+        WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') AND finished_at >= %(since)s
+    ) AS ended
+    GROUP BY GROUPING SETS ((hour, name, queue, status, last_hour), (hour, error_group))
+"""
+
+# For each time in %(marks)s, the first id of the tasks created at or after it, found by a
+# binary search over the primary key (about 20 index probes per time on a million rows):
+# ids are handed out in the order tasks are enqueued, so the tasks enqueued between two
+# times are the ids between their boundaries. Reads a few hundred index entries, however
+# many tasks the hours hold. Ids of rolled-back inserts count too, hence an estimate.
+ENQUEUED_BOUNDARIES_SQL = """
+    WITH RECURSIVE
+    bounds AS (SELECT min(id) AS lo, max(id) + 1 AS hi FROM pgtasks_task),
+    search AS (
+        SELECT m.t, b.lo, b.hi
+        FROM unnest(%(marks)s::timestamptz[]) AS m(t), bounds b
+        WHERE b.lo IS NOT NULL
+        UNION ALL
+        SELECT s.t,
+               CASE WHEN r.created_at >= s.t THEN s.lo ELSE r.id + 1 END,
+               CASE WHEN r.created_at >= s.t THEN (s.lo + s.hi) / 2 ELSE s.hi END
+        FROM search s
+        CROSS JOIN LATERAL (
+            SELECT id, created_at FROM pgtasks_task
+            WHERE id >= (s.lo + s.hi) / 2 ORDER BY id LIMIT 1
+        ) r
+        WHERE s.lo < s.hi
+    )
+    SELECT t, lo, (SELECT hi FROM bounds) FROM search WHERE lo >= hi
+"""
+
+SNAPSHOT_SETTINGS_SQL = "SET LOCAL work_mem = '32MB'; SET LOCAL jit = off"
+
+WORKERS_SQL = f"""
+    SELECT w.name, w.hostname, w.pid, w.queues, w.concurrency, w.started_at, w.last_seen_at,
+           extract(epoch FROM now() - w.last_seen_at)::float8,
+           ({LOST_WORKER_SQL}) AS lost,
+           (SELECT count(*) FROM pgtasks_task t
+            WHERE t.status = 'RUNNING' AND t.locked_by = w.name)
+    FROM pgtasks_worker w
+    ORDER BY w.name
+    LIMIT {MAX_WORKERS}
+"""
+
+ESTIMATE_SQL = """
+    SELECT c.reltuples::float8, s.most_common_vals::text::text[], s.most_common_freqs
+    FROM pg_class c
+    LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = c.relname
+                        AND s.attname = 'status'
+    WHERE c.oid = 'pgtasks_task'::regclass
+"""
+
+
+def _cursor(using: str) -> Any:
+    return connections[using].cursor()
+
+
+def db_now(using: str) -> datetime:
+    with _cursor(using) as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def queue_rows(using: str, now: datetime) -> list[QueueRow]:
+    """Per queue of ``using``: waiting, scheduled and running tasks with their ages, and
+    what the queue finished in the hour before ``now``."""
+    with _cursor(using) as cursor:
+        cursor.execute(QUEUE_FINISHED_SQL, [now - timedelta(hours=1)])
+        finished = {row[0]: list(row[1:]) for row in cursor.fetchall()}
+    return _queue_rows(using, _read_live(using), finished)
+
+
+@dataclass
+class _Live:
+    """The live tasks of one database, from one pass (:data:`LIVE_SQL`)."""
+
+    #: queue -> [waiting, scheduled, running, oldest waiting age, longest running age]
+    queues: dict[str, list[Any]]
+    #: name -> status -> count
+    names: dict[str, dict[str, int]]
+
+
+def _read_live(using: str) -> _Live:
+    queues: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, None, None])
+    names: dict[str, dict[str, int]] = defaultdict(dict)
+    with _cursor(using) as cursor:
+        cursor.execute(LIVE_SQL)
+        for queue, name, status, due, n, age in cursor.fetchall():
+            row = queues[queue]
+            names[name][status] = names[name].get(status, 0) + n
+            if status == "RUNNING":
+                row[2] += n
+                row[4] = age if row[4] is None else max(row[4], age)
+            elif due:
+                row[0] += n
+                row[3] = age if row[3] is None else max(row[3], age)
+            else:
+                row[1] += n
+    return _Live(queues, names)
+
+
+@dataclass
+class _Finished:
+    """The tasks of one database that ended in a window (:data:`FINISHED_WINDOW_SQL`)."""
+
+    #: (hour, name, status, count)
+    by_hour: list[tuple[datetime, str, str, int]]
+    #: queue -> [succeeded, failed, cancelled] in the last hour
+    last_hour: dict[str, list[int]]
+    #: (hour, error group, count, last failed at)
+    errors: list[tuple[datetime, str, int, datetime]]
+
+
+def _read_finished(using: str, since: datetime, last_hour: datetime) -> _Finished:
+    by_hour: dict[tuple[datetime, str, str], int] = defaultdict(int)
+    queues: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    errors = []
+    column = {"SUCCESSFUL": 0, "FAILED": 1, "CANCELLED": 2}
+    params = {"since": since, "last_hour": last_hour, "hex": HEX_WORD_PATTERN,
+              "digits": DIGITS_PATTERN}
+    with _cursor(using) as cursor:
+        cursor.execute(FINISHED_WINDOW_SQL, params)
+        for hour, name, queue, status, recent, group, n, last, grouping in cursor.fetchall():
+            hour = _as_utc_hour(hour)
+            if grouping == 0:  # grouped by error group (the second grouping set)
+                if group is not None:
+                    errors.append((hour, group, n, last))
+                continue
+            by_hour[hour, name, status] += n
+            if recent:
+                queues[queue][column[status]] += n
+    return _Finished([(*key, n) for key, n in by_hour.items()], queues, errors)
+
+
+def _queue_rows(using: str, live: _Live, last_hour: dict[str, list[int]]) -> list[QueueRow]:
+    """The queues of ``using`` (configured ones first, then any other that has tasks)."""
+    configured = queues_on(using)
+    others = sorted((set(live.queues) | set(last_hour)) - set(configured))
+    rows = []
+    for queue in configured + others:
+        waiting, scheduled, running, oldest, longest = live.queues.get(
+            queue, [0, 0, 0, None, None])
+        rows.append(QueueRow(queue, waiting, scheduled, running, oldest, longest,
+                             *last_hour.get(queue, (0, 0, 0))))
+    return rows
+
+
+def _error_groups(finished: _Finished, since: datetime) -> list[ErrorGroup]:
+    counts: dict[str, int] = defaultdict(int)
+    last: dict[str, datetime] = {}
+    for hour, group, n, at in finished.errors:
+        if hour >= since:
+            counts[group] += n
+            last[group] = max(last.get(group, at), at)
+    ordered = sorted(counts, key=lambda g: (-counts[g], g))[:MAX_ERROR_GROUPS]
+    return [ErrorGroup(g, counts[g], last[g]) for g in ordered]
+
+
+def failed_in_group(using: str, group: str, since: datetime | None = None) -> Any:
+    """Failed tasks whose normalized first error line is ``group``: those that ended since
+    ``since`` (a range of the finished index), or of any time."""
+    tasks = Task.objects.using(using).failed()
+    if since is not None:
+        tasks = tasks.filter(finished_at__gte=since)
+    return tasks.alias(error_group=error_group_expression()).filter(error_group=group)
+
+
+def stuck_tasks(using: str) -> tuple[list[StuckTask], int]:
+    """Running tasks whose worker is lost or whose lease expired (what rescue takes back)."""
+    stuck = Task.objects.using(using).stuck()
+    rows = list(stuck.order_by("locked_at", "id").values_list(
+        "id", "name", "queue", "locked_by", "attempt", "max_attempts", "locked_at")[:MAX_STUCK])
+    count = len(rows) if len(rows) < MAX_STUCK else stuck.count()
+    now = db_now(using) if rows else None
+    return [StuckTask(pk, name, queue, worker, attempt, max_attempts,
+                      (now - locked_at).total_seconds() if locked_at and now else None)
+            for pk, name, queue, worker, attempt, max_attempts, locked_at in rows], count
+
+
+def workers(using: str) -> list[WorkerRow]:
+    """Registered worker processes, with their liveness by the rescue's rules."""
+    with _cursor(using) as cursor:
+        cursor.execute(WORKERS_SQL, lost_worker_params())
+        rows = cursor.fetchall()
+    # jsonb arrives as text on a plain cursor.
+    return [WorkerRow(name, host, pid, json.loads(queues) if isinstance(queues, str) else queues,
+                      *rest)
+            for name, host, pid, queues, *rest in rows]
+
+
+def enqueued_boundaries(using: str, marks: list[datetime]) -> dict[datetime, int]:
+    """For each time, the first task id enqueued at or after it (see the SQL above); the
+    newest id plus one for times after the newest task."""
+    with _cursor(using) as cursor:
+        cursor.execute(ENQUEUED_BOUNDARIES_SQL, {"marks": marks})
+        return {t: boundary for t, boundary, _ in cursor.fetchall()}
+
+
+def hourly_chart(
+    using: str, now: datetime, hours: int, live_now: int,
+    finished: list[tuple[datetime, str, str, int]],
+) -> list[HourPoint]:
+    """One point per hour, oldest first, the current (partial) hour last; ``finished`` is
+    (hour, name, status, count) of the tasks that ended.
+
+    Tasks enqueued per hour are told by the ids handed out in it (an estimate: ids of
+    rolled-back inserts count too). The backlog is not stored anywhere: it is derived
+    backwards from the tasks waiting or running now, adding back each later hour's ended
+    tasks and taking away its enqueued ones. Tasks deleted while waiting and finished tasks
+    requeued since are not in that account, which is why it is an estimate too.
+    """
+    current = now.replace(minute=0, second=0, microsecond=0)
+    start = current - timedelta(hours=hours - 1)
+    ended: dict[datetime, list[int]] = defaultdict(lambda: [0, 0, 0])
+    column = {"SUCCESSFUL": 0, "FAILED": 1, "CANCELLED": 2}
+    for hour, _name, status, n in finished:
+        if hour >= start:
+            ended[hour][column[status]] += n
+    hours_list = [start + timedelta(hours=i) for i in range(hours)]
+    boundaries = enqueued_boundaries(using, hours_list)
+    points: list[HourPoint] = []
+    backlog = live_now
+    for i in reversed(range(hours)):
+        hour = hours_list[i]
+        if hour not in boundaries:  # an empty table
+            new = 0
+        elif i + 1 < hours:
+            new = boundaries[hours_list[i + 1]] - boundaries[hour]
+        else:
+            new = _next_id(using) - boundaries[hour]
+        ok, failed, cancelled = ended.get(hour, (0, 0, 0))
+        points.append(HourPoint(hour, new, ok, failed, cancelled, max(backlog, 0)))
+        backlog = backlog - new + ok + failed + cancelled  # the end of the hour before
+    points.reverse()
+    return points
+
+
+def _next_id(using: str) -> int:
+    with _cursor(using) as cursor:
+        cursor.execute("SELECT COALESCE(max(id), 0) + 1 FROM pgtasks_task")
+        return cursor.fetchone()[0]
+
+
+def _as_utc_hour(value: datetime) -> datetime:
+    # date_trunc(..., 'UTC') returns a timestamp without time zone.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def table_estimate(using: str) -> TableEstimate:
+    """Rows of the task table and per status, from the planner's statistics."""
+    with _cursor(using) as cursor:
+        cursor.execute(ESTIMATE_SQL)
+        row = cursor.fetchone()
+    if row is None or row[0] is None or row[0] < 0:
+        return TableEstimate(None, {})
+    rows, values, freqs = row
+    by_status = {}
+    if values and freqs:
+        by_status = {v: round(rows * f) for v, f in zip(values, freqs, strict=False)}
+    return TableEstimate(round(rows), by_status)
+
+
+def window_start(now: datetime, hours: int) -> datetime:
+    """The start of a window of ``hours`` hours: the current hour and ``hours - 1`` before
+    it, on whole hours (UTC), as in :func:`django_pgtasks.monitoring.stats.throughput`."""
+    return now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(
+        hours=hours - 1)
+
+
+def database_snapshot(using: str | None = None, hours: int = 24) -> DatabaseSnapshot:
+    """Everything the dashboard shows for one database alias, over the last ``hours``
+    (the current hour and ``hours - 1`` whole hours before it).
+
+    The heavy reading is two passes: one over the live tasks (:data:`LIVE_SQL`) and one over
+    the window of finished ones (:data:`FINISHED_WINDOW_SQL`); the rest reads a few rows.
+    """
+    if isinstance(hours, bool) or not isinstance(hours, int) or not 1 <= hours <= MAX_HOURS:
+        raise ValueError(f"hours must be an integer from 1 to {MAX_HOURS}, not {hours!r}.")
+    using = using or pgtasks_settings.DATABASE
+    # One transaction: every statement sees the same now(). Its settings are local to it:
+    # enough memory to aggregate the window in a hash table rather than sort it on disk,
+    # and no JIT compilation, which costs more than it saves on statements this short.
+    with transaction.atomic(using=using), _cursor(using) as cursor:
+        cursor.execute(SNAPSHOT_SETTINGS_SQL)
+        return _snapshot(using, hours)
+
+
+def _snapshot(using: str, hours: int) -> DatabaseSnapshot:
+    now = db_now(using)
+    since = window_start(now, hours)
+    chart_start = window_start(now, CHART_HOURS)
+    live = _read_live(using)
+    finished = _read_finished(using, min(since, chart_start), now - timedelta(hours=1))
+    queues = _queue_rows(using, live, finished.last_hour)
+    by_name = live.names
+    for hour, name, status, n in finished.by_hour:
+        if hour >= since:
+            by_name[name][status] = by_name[name].get(status, 0) + n
+    names = sorted(by_name)
+    stuck, stuck_count = stuck_tasks(using)
+    live_now = sum(q.waiting + q.scheduled + q.running for q in queues)
+    return DatabaseSnapshot(
+        database=using, hours=hours, now=now, since=since, queues=queues,
+        names=[NameCounts(name, by_name[name]) for name in names[:MAX_NAMES]],
+        names_truncated=len(names) > MAX_NAMES, error_groups=_error_groups(finished, since),
+        stuck=stuck, stuck_count=stuck_count, workers=workers(using),
+        chart=hourly_chart(using, now, CHART_HOURS, live_now, finished.by_hour),
+        estimate=table_estimate(using),
+    )
+
+
+# -- the chart -------------------------------------------------------------------------------
+
+CHART_WIDTH = 760
+CHART_HEIGHT = 240
+_PAD_LEFT, _PAD_RIGHT, _PAD_TOP, _PAD_BOTTOM = 48, 56, 16, 36
+#: Colours of the series (also used by the legend).
+COLORS = {
+    "succeeded": "#3b8a3e",
+    "failed": "#c0392b",
+    "enqueued": "#1f6fb2",
+    "backlog": "#8e5bb5",
+}
+
+
+def _nice_max(value: float) -> int:
+    """A round axis maximum at or above ``value`` (1, 2 or 5 times a power of ten)."""
+    if value <= 0:
+        return 1
+    magnitude = 1
+    while magnitude * 10 <= value:
+        magnitude *= 10
+    for step in (1, 2, 5, 10):
+        if step * magnitude >= value:
+            return step * magnitude
+    return 10 * magnitude  # pragma: no cover
+
+
+def chart_svg(points: list[HourPoint], title: str = "") -> SafeString:
+    """An inline SVG of the hourly points: stacked bars of tasks that succeeded and failed,
+    a line of tasks enqueued (left axis), and a dashed line of the backlog (right axis).
+
+    Rendered on the server, with every number also in a ``<title>`` (a tooltip, and text for
+    screen readers); no script and no stylesheet are needed.
+    """
+    if not points:
+        return mark_safe("")
+    width, height = CHART_WIDTH, CHART_HEIGHT
+    plot_w = width - _PAD_LEFT - _PAD_RIGHT
+    plot_h = height - _PAD_TOP - _PAD_BOTTOM
+    left_max = _nice_max(max(max(p.succeeded + p.failed, p.enqueued) for p in points))
+    right_max = _nice_max(max(p.backlog for p in points))
+    slot = plot_w / len(points)
+    bar_w = max(slot * 0.7, 1)
+
+    def y_left(value: float) -> float:
+        return _PAD_TOP + plot_h - plot_h * value / left_max
+
+    def y_right(value: float) -> float:
+        return _PAD_TOP + plot_h - plot_h * value / right_max
+
+    parts: list[SafeString] = []
+    # Grid and axes: 0, half and max on both sides.
+    for fraction in (0, 0.5, 1):
+        y = _PAD_TOP + plot_h - plot_h * fraction
+        parts.append(format_html(
+            '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#ccc" stroke-width="1"/>'
+            '<text x="{}" y="{}" text-anchor="end" font-size="11" fill="#666">{}</text>'
+            '<text x="{}" y="{}" text-anchor="start" font-size="11" fill="{}">{}</text>',
+            _PAD_LEFT, _f(y), _PAD_LEFT + plot_w, _f(y), _PAD_LEFT - 6, _f(y + 4),
+            _fmt_int(left_max * fraction), _PAD_LEFT + plot_w + 6, _f(y + 4), COLORS["backlog"],
+            _fmt_int(right_max * fraction),
+        ))
+    line_enqueued: list[str] = []
+    line_backlog: list[str] = []
+    for i, point in enumerate(points):
+        x = _PAD_LEFT + slot * i + (slot - bar_w) / 2
+        center = _PAD_LEFT + slot * i + slot / 2
+        label = point.hour.strftime("%H:00")
+        tooltip = (f"{point.hour:%Y-%m-%d %H:00} UTC: {point.succeeded} succeeded, "
+                   f"{point.failed} failed, {point.cancelled} cancelled, {point.enqueued} "
+                   f"enqueued, ≈{point.backlog} waiting or running at the end")
+        y_ok = y_left(point.succeeded)
+        y_failed = y_left(point.succeeded + point.failed)
+        parts.append(format_html(
+            '<g class="hour"><title>{}</title>'
+            '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>'
+            '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>'
+            '<rect x="{}" y="{}" width="{}" height="{}" fill="transparent"/></g>',
+            tooltip,
+            _f(x), _f(y_ok), _f(bar_w), _f(_PAD_TOP + plot_h - y_ok), COLORS["succeeded"],
+            _f(x), _f(y_failed), _f(bar_w), _f(y_ok - y_failed), COLORS["failed"],
+            _f(_PAD_LEFT + slot * i), _PAD_TOP, _f(slot), plot_h,
+        ))
+        line_enqueued.append(f"{center:.1f},{y_left(point.enqueued):.1f}")
+        line_backlog.append(f"{center:.1f},{y_right(point.backlog):.1f}")
+        if i % 3 == len(points) % 3 or len(points) <= 8:
+            parts.append(format_html(
+                '<text x="{}" y="{}" text-anchor="middle" font-size="11" fill="#666">{}'
+                '</text>', _f(center), height - _PAD_BOTTOM + 16, label,
+            ))
+    parts.append(format_html(
+        '<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>'
+        '<polyline points="{}" fill="none" stroke="{}" stroke-width="2" '
+        'stroke-dasharray="6 4"/>',
+        " ".join(line_enqueued), COLORS["enqueued"], " ".join(line_backlog), COLORS["backlog"],
+    ))
+    return format_html(
+        '<svg xmlns="http://www.w3.org/2000/svg" class="pgtasks-chart" role="img" '
+        'viewBox="0 0 {} {}" width="100%" style="max-width:{}px" aria-label="{}">{}</svg>',
+        width, height, width, title, format_html_join("", "{}", ((p,) for p in parts)),
+    )
+
+
+def _f(value: float) -> str:
+    return f"{value:.1f}"
+
+
+def _fmt_int(value: float) -> str:
+    return f"{round(value):,}"
+
+
+def jsonable(snapshot: DatabaseSnapshot) -> dict[str, Any]:
+    """A snapshot as plain data (datetimes left to the caller's JSON encoder)."""
+    from dataclasses import asdict
+
+    data = asdict(snapshot)
+    for row, source in zip(data["queues"], snapshot.queues, strict=True):
+        row["finished_last_hour"] = source.finished_last_hour
+    for row, source in zip(data["names"], snapshot.names, strict=True):
+        row["total"] = source.total
+    return data
+
+
+__all__ = [
+    "DatabaseSnapshot", "ErrorGroup", "HourPoint", "NameCounts", "QueueRow", "StuckTask",
+    "TableEstimate", "WorkerRow", "chart_svg", "database_snapshot", "error_group_expression",
+    "failed_in_group", "hourly_chart", "jsonable", "queue_rows", "seconds_text", "stuck_tasks",
+    "table_estimate", "window_start", "workers",
+]

@@ -1,0 +1,34 @@
+"""Periodic tasks: schedules declared in code produce runs, each planned run exactly once.
+
+:mod:`.schedules` holds the schedules as values and their calendar arithmetic (pure);
+:mod:`.job` collects the declarations and runs the scheduler job the workers run.
+"""
+
+from django_pgtasks.scheduling.job import (
+    Declaration,
+    Plan,
+    Problem,
+    collect,
+    declared_names,
+    plan,
+    planned_at,
+    produce,
+    run_scheduler,
+    sync,
+)
+from django_pgtasks.scheduling.schedules import (
+    MISSED_RUNS_POLICIES,
+    Cron,
+    Every,
+    When,
+    cron,
+    every,
+    format_period,
+    parse_when,
+)
+
+__all__ = [
+    "MISSED_RUNS_POLICIES", "Cron", "Declaration", "Every", "Plan", "Problem", "When",
+    "collect", "cron", "declared_names", "every", "format_period", "parse_when", "plan",
+    "planned_at", "produce", "run_scheduler", "sync",
+]

@@ -1,0 +1,717 @@
+"""The worker: claim due tasks, run them in a fixed thread pool, record their outcome.
+
+One ``Worker`` is one process's worth of work (``--processes`` runs several under
+:mod:`django_pgtasks.worker.supervisor`). Its loop::
+
+    while not stopping:
+        wait for a free slot
+        claim up to <free slots> tasks            (one short transaction)
+        hand each to the pool                     (handler, then completion transaction)
+        nothing claimed? sleep until woken        (NOTIFY, a free slot; POLL_INTERVAL as the
+                                                   safety net; no transaction open while idle)
+
+No transaction ever spans more than one claim or one completion, so an idle or busy worker
+never pins the xmin horizon.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError, connections, transaction
+
+from django_pgtasks.base import maintenance
+from django_pgtasks.base.errors import (
+    error_text,
+    format_exception,
+    is_connection_loss,
+    qualified_name,
+    reason_text,
+    truncate_error,
+)
+from django_pgtasks.base.registry import TaskHandler, cancel_signal, get_handler
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.exceptions import (
+    ConnectionLost,
+    LeaseLostError,
+    PgTasksError,
+    Snooze,
+    TaskCancelled,
+    TaskInterrupted,
+    TaskTimeoutError,
+    UnknownTaskError,
+    WorkerShutdown,
+)
+from django_pgtasks.lifecycle.transitions import (
+    Cancelled,
+    Failed,
+    Interrupted,
+    Outcome,
+    Recorder,
+    Snoozed,
+    Succeeded,
+    close_connection,
+    unstorable,
+    write,
+)
+from django_pgtasks.models import Status, Task
+from django_pgtasks.scheduling import job as scheduling  # noqa: F401 (importing registers their jobs)
+from django_pgtasks.signals import task_finished, task_started
+from django_pgtasks.worker.completion import PendingOutcomes
+from django_pgtasks.worker.listener import Listener
+from django_pgtasks.worker.liveness import Liveness
+from django_pgtasks.worker.pool import ThreadPool
+
+__all__ = ["ThreadPool", "Worker", "default_worker_id", "format_exception"]
+
+logger = logging.getLogger("django_pgtasks.worker")
+
+#: Most successes recorded by one batched UPDATE.
+COMPLETION_BATCH = 500
+#: Seconds past an async handler's own timeout before the pool gives up on its thread.
+ASYNC_CANCEL_MARGIN = 5.0
+#: Seconds between two turns of the watchdog thread (time limits, heartbeats when due).
+WATCH_TICK = 0.1
+#: Longest pause between two claims while the database refuses connections: a worker resumes
+#: within this time once the server is back.
+RECONNECT_PAUSE_MAX = 2.0
+#: Session settings of the worker's own connection (claims and maintenance): a claim or job
+#: waiting on a lock held elsewhere gives up instead of stalling the loop (liveness runs on its
+#: own thread and connection, so a stalled loop never looks like a lost worker either).
+SESSION_SQL = ("SELECT set_config('lock_timeout', %s, false), "
+               "set_config('statement_timeout', %s, false)")
+LOCK_TIMEOUT = "5s"
+STATEMENT_TIMEOUT = "5min"
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Worker:
+    """Runs tasks from ``queues`` with ``concurrency`` threads until stopped.
+
+    ``burst=True`` returns as soon as no task is due and none is running (for tests, cron
+    and CI). Every other argument defaults to the matching ``PGTASKS`` setting.
+    """
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int | None = None,
+        worker_id: str | None = None,
+        burst: bool = False,
+        poll_interval: float | None = None,
+        task_pause: float | None = None,
+        shutdown_grace: float | None = None,
+        using: str | None = None,
+        parent_pid: int | None = None,
+        prefetch: int | None = None,
+    ) -> None:
+        s = pgtasks_settings
+        self.queues = list(queues) if queues else s.queue_names
+        self.concurrency = concurrency or s.CONCURRENCY
+        self.worker_id = worker_id or default_worker_id()
+        self.burst = burst
+        self.poll_interval = s.POLL_INTERVAL if poll_interval is None else poll_interval
+        self.task_pause = s.TASK_PAUSE if task_pause is None else task_pause
+        self.shutdown_grace = s.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
+        self.using = using or s.DATABASE
+        self.parent_pid = parent_pid
+        self.prefetch = s.PREFETCH if prefetch is None else prefetch
+        #: Outcomes handed in by pool threads (and the watchdog), recorded by the loop.
+        self.outcomes = PendingOutcomes(s.COMPLETION_WINDOW, COMPLETION_BATCH)
+        #: Pool threads hand their outcomes in (else each records its own at once).
+        self.batched = s.COMPLETION_WINDOW > 0
+        self._stop = threading.Event()
+        self._force = threading.Event()
+        self._error_pause = s.ERROR_PAUSE
+        self._pool: ThreadPool | None = None
+        self._wakeup = threading.Event()
+        self.listener: Listener | None = None
+        self._exit_code = 0
+        self._check_orphans = False
+        self._next_poll = 0.0
+        self._next_job: dict[str, float] = {}
+        self._session: Any = None
+        self.liveness = Liveness(self.worker_id, self.queues, self.concurrency, self.using)
+        #: Records every outcome (the invariant: recorded, or back in the queue).
+        self.recorder = Recorder(self.using, give_up=self._force)
+        self._next_heartbeat = 0.0
+        self.processed = 0
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self, install_signals: bool = True) -> int:
+        """Work until stopped (or, in burst mode, until idle). Returns a process exit code."""
+        if install_signals:
+            self._install_signal_handlers()
+        logger.info(
+            "Worker %s started: queues=%s concurrency=%d burst=%s",
+            self.worker_id, ",".join(self.queues), self.concurrency, self.burst,
+        )
+        pool = self._pool = ThreadPool(self.concurrency, self._execute, self._wakeup,
+                                       on_crash=self._crashed)
+        listener = self._start_watchdog()  # registers the worker first
+        try:
+            look = True  # is there reason to claim? (start-up, a wake-up, a full last claim)
+            while not self._stop.is_set():
+                self._maintain()
+                self._record_outcomes()
+                busy = pool.busy  # sampled before the claim, see the burst check below
+                recording = self.outcomes.due_in() is not None
+                # Claim when a thread is free; with prefetch, once the prefetched tasks have
+                # all started, and then enough to fill the threads and the prefetch again.
+                full = busy >= self.concurrency + (1 if self.prefetch else 0)
+                if full or not (look or self._poll_due()):
+                    # Until woken (new work, a free slot), the next poll, or maintenance.
+                    look = self._sleep(self._idle_timeout()) or look
+                    continue
+                wanted = self.concurrency + self.prefetch - busy
+                tasks = self._claim(wanted)
+                if tasks is None:  # database error: paused already, try again
+                    continue
+                self._next_poll = time.monotonic() + self.poll_interval
+                # A rate limit (or a full concurrency key) held tasks back: look again as soon
+                # as it may allow more (django_pgtasks.lifecycle.claim).
+                retry_in = getattr(tasks, "retry_in", None)
+                if retry_in is not None:
+                    self._next_poll = min(self._next_poll, time.monotonic() + retry_in)
+                for task in tasks:
+                    pool.submit(task, self._time_limit(task))
+                look = len(tasks) == wanted  # a full claim: there may be more waiting
+                if tasks:
+                    continue
+                # Idle only if nothing ran or waited to be recorded when the claim began: a
+                # task finishing during the claim may have just made itself due again (a
+                # retry), after its snapshot.
+                if not busy and not recording and self.burst and retry_in is None:
+                    break
+                listener.claimed_all_due()
+            code = max(self._shutdown(pool), self._exit_code)
+        finally:
+            self._record_outcomes(everything=True)
+            listener.stop()  # unregisters the worker
+            connections[self.using].close()
+        logger.info("Worker %s stopped after %d task(s).", self.worker_id, self.processed)
+        return code
+
+    def stop(self) -> None:
+        """Ask the worker to stop claiming and finish what it runs (thread-safe)."""
+        self._stop.set()
+        self._wakeup.set()
+
+    def _sleep(self, timeout: float) -> bool:
+        """Wait until woken (new work, a free slot, a stop request) or ``timeout`` passes;
+        ``True`` if woken."""
+        woken = self._wakeup.wait(timeout)
+        self._wakeup.clear()
+        return woken
+
+    def _poll_due(self) -> bool:
+        """Time for the safety-net poll, or for a delayed task the listener heard of."""
+        if time.monotonic() >= self._next_poll:
+            return True
+        due = self.listener.seconds_until_due() if self.listener is not None else None
+        return due is not None and due <= 0
+
+    def _idle_timeout(self) -> float:
+        """How long the loop may sleep: the poll interval, cut short by the next maintenance
+        job, and by the earliest delayed task the listener heard of."""
+        now = time.monotonic()
+        timeout = min(self._next_poll - now, *(when - now for when in self._next_job.values()))
+        if (due := self.outcomes.due_in()) is not None:
+            timeout = min(timeout, due)
+        if self.listener is not None and (due := self.listener.seconds_until_due()) is not None:
+            timeout = min(timeout, due)
+        return max(timeout, 0.001)
+
+    # -- steps of the main loop ------------------------------------------------------------
+
+    def _maintain(self) -> None:
+        """Between claims: maintenance jobs (rescue, purge, scheduler) and lost claims."""
+        now = time.monotonic()
+        for job in maintenance.jobs():
+            if now < self._next_job.get(job.name, 0.0):
+                continue
+            interval = job.interval()
+            if not interval:
+                self._next_job.pop(job.name, None)
+                continue
+            self._next_job[job.name] = now + interval
+            try:
+                self._prepare_session()
+                job.run(self.using)
+            except (DatabaseError, InterfaceError) as exc:
+                logger.error("Maintenance job %s failed: %s", job.name, exc)
+                close_connection(self.using)
+        if self._check_orphans:
+            self._give_back_orphans()
+
+    def _prepare_session(self) -> None:
+        """Give the loop's connection its session settings, once per connection (not to a
+        pooled one: the settings would go back to the pool with it, to other code)."""
+        connection = connections[self.using]
+        connection.ensure_connection()
+        if connection.connection is not self._session and getattr(connection, "pool",
+                                                                  None) is None:
+            with connection.cursor() as cursor:
+                cursor.execute(SESSION_SQL, [LOCK_TIMEOUT, STATEMENT_TIMEOUT])
+            self._session = connection.connection
+
+    def _claim(self, limit: int) -> list[Task] | None:
+        try:
+            self._prepare_session()
+            tasks = Task.objects.claim(self.worker_id, self.queues, limit=limit, using=self.using)
+        except (DatabaseError, InterfaceError) as exc:
+            self._check_orphans = True  # the claim may have committed before the error
+            self._database_error("claiming tasks", exc)
+            return None
+        self._error_pause = pgtasks_settings.ERROR_PAUSE
+        return tasks
+
+    def _give_back_orphans(self) -> None:
+        """Give back tasks the database says this worker holds but it does not know of.
+
+        A claim whose commit succeeded but whose reply was lost with the connection, or an
+        outcome that could not be recorded while the database was unreachable, leaves tasks
+        RUNNING under this (live) worker; no rescue would take them, since the worker is
+        alive. Giving them back is guarded, so a task that finished meanwhile is left alone.
+        """
+        try:
+            held = list(Task.objects.using(self.using).held_by(self.worker_id))
+            known = self._pool.ids() if self._pool is not None else set()
+            known |= self.outcomes.ids()
+            orphans = [task for task in held if task.pk not in known]
+            if orphans:
+                count = Task.objects.unclaim(orphans, using=self.using)
+                logger.warning("Worker %s gave back %d task(s) it held without knowing "
+                               "(a lost claim reply or an unrecorded outcome).",
+                               self.worker_id, count)
+            self._check_orphans = False
+        except (DatabaseError, InterfaceError) as exc:
+            logger.error("Could not look for tasks of a lost claim: %s", exc)
+            close_connection(self.using)
+
+    def _lost_outcomes(self) -> None:
+        """Outcomes could not be recorded (the database stayed unreachable): give those tasks
+        back at the next turn of the loop."""
+        self._check_orphans = True
+        self._wakeup.set()
+
+    def _record_outcomes(self, everything: bool = False) -> None:
+        """Record the outcomes handed in, once the oldest has waited ``COMPLETION_WINDOW``
+        (or a batch is full; ``everything``: all of them now), then run their callbacks on a
+        pool thread."""
+        while (due := self.outcomes.due_in()) is not None and (everything or due <= 0):
+            entries = self.outcomes.take()
+            try:
+                statuses = self.recorder.record([(task, outcome) for task, outcome, *_ in entries])
+            except Exception:  # a defect in recording itself: the orphan check takes over
+                logger.exception("Error while recording %d outcome(s).", len(entries))
+                statuses = {}
+            self.outcomes.forget(entries)
+            if any(statuses.get(task.pk) is None for task, *_ in entries):
+                self._lost_outcomes()
+            for task, _outcome, done, _at in entries:
+                status = statuses.get(task.pk)
+                if self._pool is not None:
+                    self._pool.call_soon(lambda done=done, status=status: done(status))
+                else:
+                    done(status)
+
+    def _database_error(self, what: str, exc: BaseException) -> None:
+        # While the server refuses connections (restarting, overloaded), retry often enough
+        # to resume within RECONNECT_PAUSE_MAX of its return.
+        limit = RECONNECT_PAUSE_MAX if is_connection_loss(exc) else pgtasks_settings.ERROR_PAUSE_MAX
+        pause = min(self._error_pause, limit)
+        logger.error("Database error while %s: %s; retrying in %.1fs.", what, exc, pause)
+        close_connection(self.using)
+        self._stop.wait(pause)
+        self._error_pause = min(pause * 2, limit)
+
+    # -- the watchdog: liveness that nothing in the loop can block ---------------------------
+
+    def _start_watchdog(self) -> Listener:
+        """Start the watchdog, a thread with one session of its own, and wait (briefly) until
+        it registered the worker. It listens for notifications (unless ``LISTEN`` is off)
+        and every ``WATCH_TICK`` does what no claim waiting on a lock, slow maintenance job
+        or shutdown grace may delay: heartbeats, the cancellation safety net, time limits and
+        the supervisor check. The liveness lock is held by the same session."""
+        registered = threading.Event()
+
+        def on_connect(conn: Any) -> None:
+            self.liveness.use(conn)
+            registered.set()
+
+        watchdog = Listener(
+            self.using, self.queues, self._wakeup, worker_id=self.worker_id,
+            on_cancel=self._stop_task, listen=bool(pgtasks_settings.LISTEN), tick=WATCH_TICK,
+            on_connect=on_connect, on_tick=self._watch,
+            on_stop=lambda conn: self.liveness.unregister(),
+        )
+        # Set before the thread starts: whoever sees the worker registered sees its watchdog.
+        self.listener = watchdog
+        watchdog.start()
+        registered.wait(timeout=5)
+        return watchdog
+
+    def _watch(self, conn: Any) -> None:
+        """One turn of the watchdog (on its thread; ``conn`` is its session)."""
+        try:
+            now = time.monotonic()
+            if now >= self._next_heartbeat:
+                self.liveness.heartbeat()
+                self._next_heartbeat = now + pgtasks_settings.HEARTBEAT_INTERVAL
+                self._look_for_cancellations()
+            if self._pool is not None:
+                for task, limit in self._pool.overdue():
+                    self._time_out(self._pool, task, limit)
+            self._check_parent()
+        except Exception:  # never let a defect here end the watchdog (and the liveness)
+            logger.exception("Worker %s: error in the watchdog.", self.worker_id)
+
+    def _stop_task(self, pk: int) -> None:
+        """Ask the handler running task ``pk`` to stop (thread-safe; unknown ids ignored)."""
+        task = self._pool.get(pk) if self._pool is not None else None
+        if task is not None and not cancel_signal(task).is_set():
+            logger.info("Task id=%s name=%s was cancelled; asking its handler to stop.",
+                        task.pk, task.name)
+            cancel_signal(task).set()
+
+    def _look_for_cancellations(self) -> None:
+        """With each heartbeat: stop running tasks whose cancellation was requested (the
+        safety net for a lost or never-sent ``NOTIFY``), on the liveness connection. A
+        primary-key lookup of the tasks this worker runs, only while it runs some."""
+        pool = self._pool
+        if pool is None or not pool.busy:
+            return
+        ids = [pk for pk in pool.ids()
+               if (task := pool.get(pk)) is not None and not cancel_signal(task).is_set()]
+        for pk in self.liveness.cancel_requests(ids):
+            self._stop_task(pk)
+
+    def _time_limit(self, task: Task) -> float | None:
+        """Seconds the pool lets ``task`` run before it is failed and its slot freed."""
+        try:
+            handler = get_handler(task.name)
+        except PgTasksError:
+            return None
+        if handler.timeout is None:
+            return None
+        # Async handlers cancel themselves at the limit; the pool only steps in if even the
+        # cancellation hangs.
+        return handler.timeout + (ASYNC_CANCEL_MARGIN if handler.is_async else 0.0)
+
+    def _time_out(self, pool: ThreadPool, task: Task, limit: float) -> None:
+        handler = get_handler(task.name)
+        error = reason_text(TaskTimeoutError, (
+            f"Task exceeded its time limit of {limit:g}s; its thread could not be interrupted "
+            f"and was left to finish on its own (its outcome will be ignored)."))
+        # Recorded by the loop like any outcome; the late finisher's own outcome is then
+        # refused by the lease guard.
+        self._hand_in(task, Failed(error, self._retry_delay(handler, task)))
+        pool.abandon(task)
+        logger.warning("Task id=%s name=%s timed out after %gs; slot freed.", task.pk,
+                       task.name, limit)
+        if pool.stuck > self.concurrency:
+            logger.error(
+                "Worker %s has %d threads stuck in timed-out handlers; stopping so that the "
+                "process (and those threads) can be replaced.", self.worker_id, pool.stuck,
+            )
+            self._exit_code = 1
+            self.stop()
+
+    def _check_parent(self) -> None:
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            logger.warning("Worker %s lost its supervisor; stopping.", self.worker_id)
+            self.stop()
+
+    # -- running one task (in a pool thread) -------------------------------------------------
+
+    def _execute(self, task: Task) -> None:
+        """Run one claimed task in a pool thread and record its outcome (never raises)."""
+        started = time.monotonic()
+        logger.info(
+            "Task id=%s name=%s queue=%s state=%s attempt=%d/%d",
+            task.pk, task.name, task.queue, Status.RUNNING, task.attempt, task.max_attempts,
+        )
+        try:
+            handler = get_handler(task.name)
+        except PgTasksError as exc:  # unknown (fatal), or its module failed to import
+            self._end(task, None, started, self._outcome_of(task, None, exc), exc)
+            return
+        task.followups = []  # next pipeline stages, filled by TaskContext.then()
+        if task.cancel_requested or cancel_signal(task).is_set():
+            # Cancelled after the claim (e.g. while prefetched), or rescued after its
+            # cancellation was requested: it never starts.
+            try:
+                exc = TaskCancelled(
+                    f"Task {task.pk} was cancelled before attempt {task.attempt} started.")
+                self._end(task, None, started, Cancelled(error_text(exc)), None)
+            finally:
+                self._after_task()
+            return
+        try:
+            task_started.send(sender=Task, task=task, worker_id=self.worker_id)
+            handler.started(task, self.worker_id)
+            if handler.atomic:
+                self._run_atomic(task, handler, started)
+            else:
+                self._run(task, handler, started)
+        finally:
+            self._after_task()
+
+    def _run(self, task: Task, handler: TaskHandler, started: float) -> None:
+        """At-least-once mode: the handler, then the completion (batched or on its own)."""
+        try:
+            result = self._call(handler, task)
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
+            self._end(task, handler, started, self._outcome_of(task, handler, exc), exc)
+            return
+        if task.followups:
+            self._succeed_with_followups(task, handler, result, started)
+        else:
+            self._end(task, handler, started, Succeeded(result), None)
+
+    def _succeed_with_followups(self, task: Task, handler: TaskHandler, result: Any,
+                                started: float) -> None:
+        """The success and the next pipeline stages, in one transaction."""
+
+        def succeed() -> dict[int, str]:
+            with transaction.atomic(using=self.using):
+                written = write(self.using, [(task, Succeeded(result))])
+                if written:
+                    _enqueue_followups(task.followups, self.using)
+            return written
+
+        try:
+            written = self.recorder.attempt(succeed)
+        except Exception as exc:  # refused, not unreachable: e.g. a stage that cannot be stored
+            logger.error("Task id=%s: its next stages could not be enqueued: %r", task.pk, exc)
+            self._end(task, handler, started, unstorable(exc), exc)
+            return
+        status = None if written is None else written.get(task.pk, "")
+        if status is None:
+            self._lost_outcomes()
+        self._finished_run(task, handler, started, status, Succeeded(result), None)
+
+    def _run_atomic(self, task: Task, handler: TaskHandler, started: float) -> None:
+        """Exactly-once mode: the handler's writes and the completion commit together."""
+        try:
+            with transaction.atomic(using=self.using):
+                result = self._call(handler, task)
+                if not write(self.using, [(task, Succeeded(result))]):
+                    raise LeaseLostError(f"Task {task.pk} is no longer held by this worker.")
+                if task.followups:
+                    _enqueue_followups(task.followups, self.using)
+        except LeaseLostError as exc:
+            logger.warning("Task id=%s name=%s was no longer held by worker %s when it "
+                           "finished; its writes were rolled back.", task.pk, task.name,
+                           self.worker_id)
+            self._finished_run(task, handler, started, "", None, exc)
+            return
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
+            self._end(task, handler, started, self._outcome_of(task, handler, exc), exc)
+            return
+        self._finished_run(task, handler, started, Status.SUCCESSFUL, Succeeded(result), None)
+
+    def _call(self, handler: TaskHandler, task: Task) -> Any:
+        """Run the handler for ``task`` (the hook the in-test runner wraps)."""
+        return handler.call(task, self.worker_id)
+
+    def _outcome_of(self, task: Task, handler: TaskHandler | None,
+                    exc: BaseException) -> Outcome:
+        """How a run that raised ``exc`` ends: cancelled (its cancellation was requested, or
+        it raised ``TaskCancelled``), snoozed, interrupted (its connection was lost, or its
+        code could not be imported: not the handler's failure), or failed."""
+        if isinstance(exc, TaskCancelled) or cancel_signal(task).is_set():
+            return Cancelled(error_text(exc))
+        if isinstance(exc, Snooze):
+            return Snoozed(exc.seconds)
+        if isinstance(exc, TaskInterrupted):
+            return Interrupted(error_text(exc))
+        if is_connection_loss(exc):
+            header = format_exception(exc).partition("\n")[0]
+            return Interrupted(truncate_error(
+                f"{qualified_name(ConnectionLost)}: The run lost its database connection "
+                f"({header}).\n\n{format_exception(exc)}"))
+        if handler is None or isinstance(exc, UnknownTaskError) or handler.is_fatal(exc):
+            return Failed(error_text(exc), None)
+        return Failed(error_text(exc), self._retry_delay(handler, task))
+
+    def _retry_delay(self, handler: TaskHandler, task: Task) -> float | None:
+        try:
+            return handler.retry_delay(task.attempt)
+        except Exception:
+            logger.exception("Task id=%s name=%s: its backoff policy failed; retrying after "
+                             "BACKOFF_MAX.", task.pk, task.name)
+            return float(pgtasks_settings.BACKOFF_MAX)
+
+    def _end(self, task: Task, handler: TaskHandler | None, started: float, outcome: Outcome,
+             exc: BaseException | None) -> None:
+        """Hand ``outcome`` in to be recorded by the loop (or, unbatched, record it on this
+        thread), then run the callbacks once it is recorded."""
+
+        def done(status: str | None) -> None:
+            self._finished_run(task, handler, started, status, outcome, exc)
+
+        if self.batched:
+            self._hand_in(task, outcome, done)
+            return
+        status = self.recorder.record([(task, outcome)])[task.pk]
+        if status is None:
+            self._lost_outcomes()
+        done(status)
+
+    def _hand_in(self, task: Task, outcome: Outcome,
+                 done: Callable[[str | None], object] = lambda status: None) -> None:
+        """Hand ``outcome`` to the loop, which records it with the others (and then calls
+        ``done`` on a pool thread), and wake the loop."""
+        self.outcomes.add(task, outcome, done)
+        self._wakeup.set()
+
+    def _crashed(self, task: Task, exc: BaseException) -> None:
+        """An internal error escaped :meth:`_execute`: record it as a failure (else the task
+        is given back), so that it does not stay RUNNING under this live worker."""
+        outcome = Failed(reason_text(type(exc), f"Internal error while running the task: "
+                                                f"{exc}"), None)
+        self._hand_in(task, outcome)
+
+    def _finished_run(self, task: Task, handler: TaskHandler | None, started: float,
+                      status: str | None, outcome: Outcome | None,
+                      exc: BaseException | None) -> None:
+        """After the outcome was recorded (``status``: the task's new state; ``""`` or
+        ``None``: nothing recorded): update the in-memory task, call the handler's
+        ``finished()`` and send ``task_finished``."""
+        if status:
+            task.status = status
+            if isinstance(outcome, Succeeded):
+                task.result = outcome.result
+            elif isinstance(outcome, Failed | Cancelled | Interrupted):
+                task.error_text = truncate_error(outcome.error)
+            if isinstance(outcome, Snoozed):
+                task.attempt = max(task.attempt - 1, 0)
+        if handler is not None:
+            try:
+                _while_handling(exc, lambda: handler.finished(task, self.worker_id, exc))
+            except Exception:
+                logger.exception("Task id=%s: error in the handler's finished() callback.",
+                                 task.pk)
+        self._finished(task, started, exc)
+
+    def _finished(self, task: Task, started: float, exception: BaseException | None) -> None:
+        """Log the outcome and send ``task_finished`` (once it is recorded)."""
+        duration = time.monotonic() - started
+        logger.info(
+            "Task id=%s name=%s queue=%s state=%s attempt=%d/%d duration=%.3fs%s",
+            task.pk, task.name, task.queue, task.status, task.attempt, task.max_attempts,
+            duration, f" error={_one_line(exception)}" if exception else "",
+        )
+        self.processed += 1
+        task_finished.send(
+            sender=Task, task=task, worker_id=self.worker_id, status=task.status,
+            duration=duration, exception=exception,
+        )
+
+    def _after_task(self) -> None:
+        # A handler may have broken its connection (or left a transaction open): reset it so
+        # the next task in this thread starts clean. Healthy connections are kept for reuse,
+        # except pooled ones (OPTIONS["pool"]), which go back to the pool between tasks so
+        # that threads share a bounded number of connections.
+        for conn in connections.all(initialized_only=True):
+            if (conn.in_atomic_block or getattr(conn, "pool", None) is not None
+                    or (conn.errors_occurred and not conn.is_usable())):
+                conn.close()
+        if self.task_pause:
+            self._stop.wait(self.task_pause)
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            if self._stop.is_set():
+                logger.warning("Second %s: exiting now.", signal.Signals(signum).name)
+                self._force.set()
+                self._wakeup.set()
+            else:
+                logger.info(
+                    "%s received: finishing %d running task(s) (grace %.0fs); "
+                    "send it again to exit at once.",
+                    signal.Signals(signum).name, self._pool.busy if self._pool else 0,
+                    self.shutdown_grace,
+                )
+                self.stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def _shutdown(self, pool: ThreadPool) -> int:
+        # Prefetched tasks that have not started go back at once, for other workers.
+        waiting = pool.take_waiting()
+        if waiting:
+            try:
+                Task.objects.unclaim(waiting, using=self.using)
+                logger.info("Worker %s gave back %d prefetched task(s).", self.worker_id,
+                            len(waiting))
+            except (DatabaseError, InterfaceError) as exc:
+                logger.error("Could not give back prefetched tasks: %s", exc)
+        deadline = time.monotonic() + self.shutdown_grace
+        while pool.busy and not self._force.is_set() and time.monotonic() < deadline:
+            self._record_outcomes()
+            self._sleep(min(0.2, max(deadline - time.monotonic(), 0.01),
+                            self.outcomes.due_in() or 0.2))
+        if not pool.busy:
+            self._record_outcomes(everything=True)
+            pool.shutdown()
+            return 0
+        # Tasks still running past the grace period: their runs are interrupted (not failed)
+        # and they go back to their place in the queue now, rather than when the rescue finds
+        # them; then exit without waiting for their threads (Python cannot interrupt one).
+        self._record_outcomes(everything=True)
+        unfinished = pool.running()
+        reason = reason_text(WorkerShutdown, f"Worker {self.worker_id} shut down before the "
+                                             f"task finished (grace {self.shutdown_grace:g}s).")
+        self.recorder.record([(task, Interrupted(reason)) for task in unfinished])
+        logger.warning("Worker %s exiting with %d task(s) unfinished; they were given back.",
+                       self.worker_id, len(unfinished))
+        return 1
+
+
+def _while_handling(exc: BaseException | None, callback: Callable[[], object]) -> None:
+    """Call ``callback`` while ``exc`` is being handled (``sys.exc_info()`` is set), as
+    receivers of a failure's ``task_finished`` expect (Django's own logging attaches the
+    traceback from there), even when it runs after the outcome was recorded elsewhere."""
+    if exc is None:
+        callback()
+        return
+    try:
+        raise exc
+    except BaseException:
+        callback()
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` on one line, for log lines."""
+    header = format_exception(exc).partition("\n")[0]
+    return header if len(header) <= 300 else header[:297] + "..."
+
+
+def _enqueue_followups(tasks: list[Task], using: str) -> None:
+    """Insert a pipeline's next stages. Those on the finishing task's database commit with its
+    completion; a stage whose queue is on another database (``PGTASKS["QUEUES"]``) is
+    written there, in that database's own transaction."""
+    from django_pgtasks.base.routing import queues_on
+
+    # A database that holds no configured queue gets every stage (tasks put there by hand).
+    Task.objects.enqueue_many(tasks, using=None if queues_on(using) else using)
