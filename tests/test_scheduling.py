@@ -26,11 +26,7 @@ from django.urls import reverse
 
 from django_pgtasks import pgtask
 from django_pgtasks.base import registry
-from django_pgtasks.checks import check_schedules
-from django_pgtasks.models import ArchivedTask, Schedule, Status, Task
-from django_pgtasks.scheduling import job as scheduling
-from django_pgtasks.scheduling import plan, planned_at
-from django_pgtasks.scheduling.schedules import (
+from django_pgtasks.base.schedules import (
     CATCH_UP_LIMIT,
     Cron,
     Every,
@@ -39,6 +35,10 @@ from django_pgtasks.scheduling.schedules import (
     parse_when,
     zone,
 )
+from django_pgtasks.checks import check_schedules
+from django_pgtasks.models import ArchivedTask, Schedule, Status, Task
+from django_pgtasks.scheduling import job as scheduling
+from django_pgtasks.scheduling import plan, planned_at
 from django_pgtasks.signals import task_enqueued
 from django_pgtasks.worker.loop import Worker
 from tests.testapp.models import Execution

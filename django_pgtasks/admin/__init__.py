@@ -933,7 +933,7 @@ class ScheduleAdmin(admin.ModelAdmin):
         """A time in the schedule's own time zone, which is where a cron spec is read."""
         if when is None:
             return None
-        from django_pgtasks.scheduling.schedules import zone
+        from django_pgtasks.base.schedules import zone
 
         try:
             tz = zone(obj.timezone)

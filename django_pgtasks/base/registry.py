@@ -28,8 +28,8 @@ from django_pgtasks.exceptions import HandlerImportError, UnknownTaskError
 from django_pgtasks.retry import Backoff, resolve
 
 if TYPE_CHECKING:
+    from django_pgtasks.base.schedules import When
     from django_pgtasks.models import Task
-    from django_pgtasks.scheduling.schedules import When
 
 MAX_NAME_LENGTH = 255
 
@@ -434,7 +434,7 @@ def pgtask(
         raise ImproperlyConfigured(f"concurrency_limit must be an integer from 1 to 32767, "
                                    f"not {concurrency_limit!r}.")
     if schedule is not None:
-        from django_pgtasks.scheduling.schedules import parse_when
+        from django_pgtasks.base.schedules import parse_when
 
         schedule = parse_when(schedule)  # fail at import time on an invalid period or cron
 

@@ -1,9 +1,20 @@
 """Periodic tasks: schedules declared in code produce runs, each planned run exactly once.
 
-:mod:`.schedules` holds the schedules as values and their calendar arithmetic (pure);
+:mod:`django_pgtasks.base.schedules` holds the schedules as values and their calendar
+arithmetic (pure, imported by the registry at definition time);
 :mod:`.job` collects the declarations and runs the scheduler job the workers run.
 """
 
+from django_pgtasks.base.schedules import (
+    MISSED_RUNS_POLICIES,
+    Cron,
+    Every,
+    When,
+    cron,
+    every,
+    format_period,
+    parse_when,
+)
 from django_pgtasks.scheduling.job import (
     Declaration,
     Plan,
@@ -15,16 +26,6 @@ from django_pgtasks.scheduling.job import (
     produce,
     run_scheduler,
     sync,
-)
-from django_pgtasks.scheduling.schedules import (
-    MISSED_RUNS_POLICIES,
-    Cron,
-    Every,
-    When,
-    cron,
-    every,
-    format_period,
-    parse_when,
 )
 
 __all__ = [

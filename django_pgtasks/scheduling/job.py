@@ -40,7 +40,7 @@ from django_pgtasks.exceptions import InvalidTaskError
 if TYPE_CHECKING:
     from django_pgtasks.models import Task
 
-from django_pgtasks.scheduling.schedules import (
+from django_pgtasks.base.schedules import (
     CATCH_UP_LIMIT,
     ENTRY_KEYS,
     MAX_NAME_LENGTH,
