@@ -17,8 +17,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 
-from django_pgtasks import admin as admin_module
-from django_pgtasks.admin import COUNT_LIMIT, NAME_FILTER_SAMPLE, NameFilter, TaskAdmin
+from django_pgtasks.admin import COUNT_LIMIT, NameFilter, TaskAdmin
+from django_pgtasks.admin import changelist as admin_changelist
+from django_pgtasks.admin.common import NAME_FILTER_SAMPLE
 from django_pgtasks.models import Status, Task
 from tests.testapp import tasks
 
@@ -151,7 +152,7 @@ def test_a_list_that_fits_one_page_is_read_once_and_not_counted(admin_client: Cl
 def test_a_capped_count_says_more_than_the_limit(
     admin_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(admin_module, "COUNT_LIMIT", 3)
+    monkeypatch.setattr(admin_changelist, "COUNT_LIMIT", 3)
     monkeypatch.setattr(TaskAdmin, "list_per_page", 2)
     tasks_made = [make_task() for _ in range(5)]
     response = admin_client.get(CHANGELIST)

@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 
-from django_pgtasks.admin import DashboardSection
+from django_pgtasks.admin.dashboard import DashboardSection
 from django_pgtasks.models import Status, Task, WorkerProcess
 from django_pgtasks.monitoring import dashboard
 from tests.testapp import tasks

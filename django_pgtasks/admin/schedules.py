@@ -1,0 +1,117 @@
+"""The periodic schedules: read-only rows, with their next and last runs in their own time zone."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.templatetags.admin_urls import admin_urlname
+from django.db.models import Case, OuterRef, Subquery, Value, When
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from django_pgtasks.models import (
+    ArchivedTask,
+    Schedule,
+    Status,
+    Task,
+)
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    """Periodic tasks, read-only: a schedule is declared in code and its row is written by
+    the scheduler alone (see :mod:`django_pgtasks.scheduling.job`).
+
+    Each row shows when the next run is planned, the last planned run, and the task it
+    produced with its current status. A row whose schedule is no longer declared produces
+    no runs; only such rows may be deleted here.
+    """
+
+    list_display = (
+        "name", "task_name", "spec", "timezone", "next_run", "last_run", "last_task",
+        "last_outcome", "enabled", "declared",
+    )
+    list_filter = ("enabled",)
+    search_fields = ("name", "task_name")
+    ordering = ("name",)
+    fields = (
+        "name", "task_name", "spec", "timezone", "enabled", "declared", "next_run", "last_run",
+        "last_task", "last_outcome", "created_at", "updated_at",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        from django_pgtasks.scheduling.job import declared_names
+
+        # One subquery per column rather than a query per row: the last task's status, from
+        # the task table or, once purged there, from the archive.
+        def status_of(model: type[Task] | type[ArchivedTask]) -> Subquery:
+            return Subquery(model.objects.filter(pk=OuterRef("last_task_id")).values("status")[:1])
+
+        return super().get_queryset(request).annotate(
+            last_task_status=status_of(Task),
+            last_task_archived_status=status_of(ArchivedTask),
+            is_declared=Case(When(name__in=sorted(declared_names()), then=Value(True)),
+                             default=Value(False)),
+        )
+
+    @staticmethod
+    def _local(when: datetime | None, obj: Schedule) -> str | None:
+        """A time in the schedule's own time zone, which is where a cron spec is read."""
+        if when is None:
+            return None
+        from django_pgtasks.base.schedules import zone
+
+        try:
+            tz = zone(obj.timezone)
+        except Exception:  # a row written by other code with a zone unknown here
+            return when.isoformat()
+        return when.astimezone(tz).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+    @admin.display(description=_("next run"), ordering="next_run_at")
+    def next_run(self, obj: Schedule) -> str | None:
+        return self._local(obj.next_run_at, obj)
+
+    @admin.display(description=_("last planned run"), ordering="last_run_at")
+    def last_run(self, obj: Schedule) -> str | None:
+        return self._local(obj.last_run_at, obj)
+
+    @admin.display(description=_("last task"))
+    def last_task(self, obj: Schedule) -> SafeString | str | None:
+        if obj.last_task_id is None:
+            return None
+        if getattr(obj, "last_task_status", None) is not None:
+            url = reverse(admin_urlname(Task._meta, "change"), args=[obj.last_task_id],
+                          current_app=self.admin_site.name)
+            return format_html('<a href="{}">#{}</a>', url, obj.last_task_id)
+        if getattr(obj, "last_task_archived_status", None) is not None:
+            return _("#%(id)s (archived)") % {"id": obj.last_task_id}
+        return _("#%(id)s (deleted)") % {"id": obj.last_task_id}
+
+    @admin.display(description=_("last outcome"))
+    def last_outcome(self, obj: Schedule) -> str | None:
+        status = (getattr(obj, "last_task_status", None)
+                  or getattr(obj, "last_task_archived_status", None))
+        return Status(status).label if status in Status.values else status
+
+    @admin.display(description=_("declared in code"), boolean=True, ordering="is_declared")
+    def declared(self, obj: Schedule) -> bool:
+        return bool(getattr(obj, "is_declared", False))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # rows come from declarations in code
+
+    def has_change_permission(self, request: HttpRequest, obj: Schedule | None = None) -> bool:
+        return False  # only the scheduler writes a row, guarded on its planned time
+
+    def has_delete_permission(self, request: HttpRequest, obj: Schedule | None = None) -> bool:
+        # A declared schedule's row would come back at the next pass with a fresh plan, so
+        # only leftovers of schedules removed from code may go, one at a time.
+        if obj is None or getattr(obj, "is_declared", True):
+            return False
+        return super().has_delete_permission(request, obj)
