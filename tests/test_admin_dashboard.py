@@ -15,6 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 
+from django_pgtasks.admin import chart
 from django_pgtasks.admin.dashboard import DashboardSection
 from django_pgtasks.models import Status, Task, WorkerProcess
 from django_pgtasks.monitoring import dashboard
@@ -223,12 +224,12 @@ def test_chart_svg_escapes_and_scales() -> None:
     hour = datetime(2026, 1, 1, tzinfo=UTC)
     points = [dashboard.HourPoint(hour + timedelta(hours=i), i, i, 0, 0, 10 * i)
               for i in range(24)]
-    svg = str(dashboard.chart_svg(points, title='<script>"x"</script>'))
+    svg = str(chart.chart_svg(points, title='<script>"x"</script>'))
     assert "<script>" not in svg
     assert svg.count('<g class="hour">') == 24
     assert ">50<" in svg  # the left axis rounds 46 up to 50
     assert ">500<" in svg  # the right axis rounds 230 up to 500
-    assert str(dashboard.chart_svg([])) == ""
+    assert str(chart.chart_svg([])) == ""
 
 
 def test_whole_table_numbers_are_marked_as_estimates(admin_client: Client) -> None:

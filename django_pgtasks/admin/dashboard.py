@@ -16,6 +16,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
+from django_pgtasks.admin import chart
 from django_pgtasks.admin.actions import _confirmed
 from django_pgtasks.admin.changelist import bulk_change_message, status_counts
 from django_pgtasks.admin.common import (
@@ -73,7 +74,7 @@ class DashboardSection:
 
     @cached_property
     def chart(self) -> SafeString:
-        return dashboard.chart_svg(
+        return chart.chart_svg(
             self.snapshot.chart,
             title=str(_("Tasks per hour over the last 24 hours, database %(db)s")
                       % {"db": self.database}),
@@ -171,7 +172,7 @@ class DashboardMixin:
             "hour_choices": [1, 6, 24],
             "changelist_url": self.url("changelist"),
             "breadcrumbs_as_list": django.VERSION >= (6, 0),
-            "colors": dashboard.COLORS,
+            "colors": chart.COLORS,
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, self.dashboard_template, context)

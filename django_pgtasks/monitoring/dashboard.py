@@ -25,20 +25,30 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F, Func, TextField, Value
-from django.db.models.functions import Left
-from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString, mark_safe
 
 from django_pgtasks.base.routing import queues_on
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.transitions import LOST_WORKER_SQL, lost_worker_params
-from django_pgtasks.models import LIVE, Task
-from django_pgtasks.monitoring.stats import QueueSize
+from django_pgtasks.models import Task
+from django_pgtasks.monitoring.errors import (
+    DIGITS_PATTERN,
+    ERROR_GROUP_LENGTH,
+    ERROR_GROUP_SQL,
+    HEX_WORD_PATTERN,
+    error_group_expression,
+)
+from django_pgtasks.monitoring.rows import (
+    DatabaseSnapshot,
+    ErrorGroup,
+    HourPoint,
+    NameCounts,
+    QueueRow,
+    StuckTask,
+    TableEstimate,
+    WorkerRow,
+    seconds_text,
+)
 
-#: Characters of a normalized first error line that name its group. Bounds the links the
-#: dashboard builds and the values the error-group filter accepts.
-ERROR_GROUP_LENGTH = 200
 #: Error groups listed at most, commonest first.
 MAX_ERROR_GROUPS = 20
 #: Stuck tasks listed at most (all of them are counted).
@@ -53,189 +63,9 @@ MAX_HOURS = 24 * 31
 CHART_HOURS = 24
 
 
-#: What :func:`error_group_expression` blanks out: hexadecimal words with a digit, then
-#: runs of digits (PostgreSQL regular expressions).
-HEX_WORD_PATTERN = r"\m(0x)?[0-9a-fA-F]*[0-9][0-9a-fA-F]*\M"
-DIGITS_PATTERN = "[0-9]+"
-#: :func:`error_group_expression` as SQL text, for raw statements; it takes the patterns as
-#: the parameters ``%(hex)s`` and ``%(digits)s``.
-ERROR_GROUP_SQL = (
-    "left(regexp_replace(regexp_replace(split_part(error_text, E'\\n', 1), %(hex)s, 'N', "
-    f"'g'), %(digits)s, 'N', 'g'), {ERROR_GROUP_LENGTH})"
-)
-
-
-def error_group_expression() -> Func:
-    """SQL naming a failure's group: the first line of ``error_text`` with ids blanked out.
-
-    Hexadecimal words that contain a digit (UUIDs, hashes, ``0x`` addresses), then any other
-    run of digits, become ``N``: "Order 41 not found" and "Order 97 not found" are one
-    problem. The dashboard groups by this expression and the changelist's error-group filter
-    compares with it, so a group's link always finds exactly the tasks that were counted.
-    """
-    first_line = Func(
-        F("error_text"), Value("\n"), Value(1), function="split_part", output_field=TextField()
-    )
-    without_hex = _regexp_replace(first_line, HEX_WORD_PATTERN)
-    return Left(_regexp_replace(without_hex, DIGITS_PATTERN), ERROR_GROUP_LENGTH)
-
-
-def _regexp_replace(expression: Func, pattern: str) -> Func:
-    return Func(
-        expression, Value(pattern), Value("N"), Value("g"),
-        function="regexp_replace", output_field=TextField(),
-    )
-
-
-def seconds_text(value: float | None) -> str:
-    """A duration or an age for people: ``0.042s``, ``12.5s``, ``7m05s``, ``3h20m``, ``2d4h``."""
-    if value is None:
-        return "-"
-    if value < 60:
-        return f"{value:.3f}s" if value < 10 else f"{value:.1f}s"
-    minutes, secs = divmod(int(value), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours}h"
-
 
 # -- the pieces ------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class QueueRow(QueueSize):
-    """One queue now (exact counts, as :class:`~django_pgtasks.monitoring.stats.QueueSize`),
-    and what it finished in the last hour."""
-
-    #: Tasks of the queue that ended in the last 60 minutes, by final state.
-    succeeded_last_hour: int
-    failed_last_hour: int
-    cancelled_last_hour: int
-
-    @property
-    def finished_last_hour(self) -> int:
-        return self.succeeded_last_hour + self.failed_last_hour + self.cancelled_last_hour
-
-    @property
-    def oldest_waiting_text(self) -> str:
-        return seconds_text(self.oldest_waiting)
-
-    @property
-    def longest_running_text(self) -> str:
-        return seconds_text(self.longest_running)
-
-
-@dataclass(frozen=True)
-class NameCounts:
-    """Tasks of one name: live ones now (exact), finished ones in the window (exact)."""
-
-    name: str
-    #: Status value -> count. Live states count every such task; finished states count the
-    #: tasks that ended in the window.
-    counts: dict[str, int]
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
-@dataclass(frozen=True)
-class ErrorGroup:
-    #: The normalized first line of the error (see :func:`error_group_expression`).
-    text: str
-    #: Failed tasks of the group that ended in the window.
-    count: int
-    last_failed_at: datetime | None
-
-
-@dataclass(frozen=True)
-class StuckTask:
-    id: int
-    name: str
-    queue: str
-    worker: str | None
-    attempt: int
-    max_attempts: int
-    #: Seconds since the lease was taken.
-    running_for: float | None
-
-    @property
-    def running_for_text(self) -> str:
-        return seconds_text(self.running_for)
-
-
-@dataclass(frozen=True)
-class WorkerRow:
-    name: str
-    hostname: str
-    pid: int
-    queues: list[str]
-    concurrency: int
-    started_at: datetime
-    last_seen_at: datetime
-    #: Seconds since its last heartbeat, on the database clock.
-    last_seen_ago: float
-    #: Lost by the rules of :mod:`django_pgtasks.worker.liveness`: its tasks are rescued.
-    lost: bool
-    running: int
-
-    @property
-    def last_seen_text(self) -> str:
-        return seconds_text(self.last_seen_ago)
-
-
-@dataclass(frozen=True)
-class HourPoint:
-    #: Start of the hour (UTC).
-    hour: datetime
-    enqueued: int
-    succeeded: int
-    failed: int
-    cancelled: int
-    #: Tasks waiting or running at the end of the hour (now, for the current hour), derived
-    #: from today's count and the hourly flows: an estimate.
-    backlog: int
-
-
-@dataclass(frozen=True)
-class TableEstimate:
-    """Whole-table numbers from PostgreSQL's statistics (as of the last ``ANALYZE``)."""
-
-    #: Rows in the task table; ``None`` if the table was never analyzed.
-    rows: int | None
-    #: Status value -> estimated rows.
-    by_status: dict[str, int]
-
-
-@dataclass
-class DatabaseSnapshot:
-    """Everything the dashboard shows for one database alias."""
-
-    database: str
-    hours: int
-    #: Database time the snapshot was taken, and the start of its window.
-    now: datetime
-    since: datetime
-    queues: list[QueueRow]
-    names: list[NameCounts]
-    names_truncated: bool
-    error_groups: list[ErrorGroup]
-    stuck: list[StuckTask]
-    stuck_count: int
-    workers: list[WorkerRow]
-    chart: list[HourPoint]
-    estimate: TableEstimate
-
-    @property
-    def live_statuses(self) -> list[str]:
-        return list(LIVE)
-
-
-# -- queries -----------------------------------------------------------------------------------
 
 # Per queue, tasks that ended since %s (the window start), by final state.
 QUEUE_FINISHED_SQL = """
@@ -585,117 +415,6 @@ def _snapshot(using: str, hours: int) -> DatabaseSnapshot:
     )
 
 
-# -- the chart -------------------------------------------------------------------------------
-
-CHART_WIDTH = 760
-CHART_HEIGHT = 240
-_PAD_LEFT, _PAD_RIGHT, _PAD_TOP, _PAD_BOTTOM = 48, 56, 16, 36
-#: Colours of the series (also used by the legend).
-COLORS = {
-    "succeeded": "#3b8a3e",
-    "failed": "#c0392b",
-    "enqueued": "#1f6fb2",
-    "backlog": "#8e5bb5",
-}
-
-
-def _nice_max(value: float) -> int:
-    """A round axis maximum at or above ``value`` (1, 2 or 5 times a power of ten)."""
-    if value <= 0:
-        return 1
-    magnitude = 1
-    while magnitude * 10 <= value:
-        magnitude *= 10
-    for step in (1, 2, 5, 10):
-        if step * magnitude >= value:
-            return step * magnitude
-    return 10 * magnitude  # pragma: no cover
-
-
-def chart_svg(points: list[HourPoint], title: str = "") -> SafeString:
-    """An inline SVG of the hourly points: stacked bars of tasks that succeeded and failed,
-    a line of tasks enqueued (left axis), and a dashed line of the backlog (right axis).
-
-    Rendered on the server, with every number also in a ``<title>`` (a tooltip, and text for
-    screen readers); no script and no stylesheet are needed.
-    """
-    if not points:
-        return mark_safe("")
-    width, height = CHART_WIDTH, CHART_HEIGHT
-    plot_w = width - _PAD_LEFT - _PAD_RIGHT
-    plot_h = height - _PAD_TOP - _PAD_BOTTOM
-    left_max = _nice_max(max(max(p.succeeded + p.failed, p.enqueued) for p in points))
-    right_max = _nice_max(max(p.backlog for p in points))
-    slot = plot_w / len(points)
-    bar_w = max(slot * 0.7, 1)
-
-    def y_left(value: float) -> float:
-        return _PAD_TOP + plot_h - plot_h * value / left_max
-
-    def y_right(value: float) -> float:
-        return _PAD_TOP + plot_h - plot_h * value / right_max
-
-    parts: list[SafeString] = []
-    # Grid and axes: 0, half and max on both sides.
-    for fraction in (0, 0.5, 1):
-        y = _PAD_TOP + plot_h - plot_h * fraction
-        parts.append(format_html(
-            '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#ccc" stroke-width="1"/>'
-            '<text x="{}" y="{}" text-anchor="end" font-size="11" fill="#666">{}</text>'
-            '<text x="{}" y="{}" text-anchor="start" font-size="11" fill="{}">{}</text>',
-            _PAD_LEFT, _f(y), _PAD_LEFT + plot_w, _f(y), _PAD_LEFT - 6, _f(y + 4),
-            _fmt_int(left_max * fraction), _PAD_LEFT + plot_w + 6, _f(y + 4), COLORS["backlog"],
-            _fmt_int(right_max * fraction),
-        ))
-    line_enqueued: list[str] = []
-    line_backlog: list[str] = []
-    for i, point in enumerate(points):
-        x = _PAD_LEFT + slot * i + (slot - bar_w) / 2
-        center = _PAD_LEFT + slot * i + slot / 2
-        label = point.hour.strftime("%H:00")
-        tooltip = (f"{point.hour:%Y-%m-%d %H:00} UTC: {point.succeeded} succeeded, "
-                   f"{point.failed} failed, {point.cancelled} cancelled, {point.enqueued} "
-                   f"enqueued, ≈{point.backlog} waiting or running at the end")
-        y_ok = y_left(point.succeeded)
-        y_failed = y_left(point.succeeded + point.failed)
-        parts.append(format_html(
-            '<g class="hour"><title>{}</title>'
-            '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>'
-            '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>'
-            '<rect x="{}" y="{}" width="{}" height="{}" fill="transparent"/></g>',
-            tooltip,
-            _f(x), _f(y_ok), _f(bar_w), _f(_PAD_TOP + plot_h - y_ok), COLORS["succeeded"],
-            _f(x), _f(y_failed), _f(bar_w), _f(y_ok - y_failed), COLORS["failed"],
-            _f(_PAD_LEFT + slot * i), _PAD_TOP, _f(slot), plot_h,
-        ))
-        line_enqueued.append(f"{center:.1f},{y_left(point.enqueued):.1f}")
-        line_backlog.append(f"{center:.1f},{y_right(point.backlog):.1f}")
-        if i % 3 == len(points) % 3 or len(points) <= 8:
-            parts.append(format_html(
-                '<text x="{}" y="{}" text-anchor="middle" font-size="11" fill="#666">{}'
-                '</text>', _f(center), height - _PAD_BOTTOM + 16, label,
-            ))
-    parts.append(format_html(
-        '<polyline points="{}" fill="none" stroke="{}" stroke-width="2"/>'
-        '<polyline points="{}" fill="none" stroke="{}" stroke-width="2" '
-        'stroke-dasharray="6 4"/>',
-        " ".join(line_enqueued), COLORS["enqueued"], " ".join(line_backlog), COLORS["backlog"],
-    ))
-    return format_html(
-        '<svg xmlns="http://www.w3.org/2000/svg" class="pgtasks-chart" role="img" '
-        'viewBox="0 0 {} {}" width="100%" style="max-width:{}px" aria-label="{}">{}</svg>',
-        width, height, width, title, format_html_join("", "{}", ((p,) for p in parts)),
-    )
-
-
-def _f(value: float) -> str:
-    return f"{value:.1f}"
-
-
-def _fmt_int(value: float) -> str:
-    return f"{round(value):,}"
-
-
 def jsonable(snapshot: DatabaseSnapshot) -> dict[str, Any]:
     """A snapshot as plain data (datetimes left to the caller's JSON encoder)."""
     from dataclasses import asdict
@@ -709,8 +428,9 @@ def jsonable(snapshot: DatabaseSnapshot) -> dict[str, Any]:
 
 
 __all__ = [
-    "DatabaseSnapshot", "ErrorGroup", "HourPoint", "NameCounts", "QueueRow", "StuckTask",
-    "TableEstimate", "WorkerRow", "chart_svg", "database_snapshot", "error_group_expression",
+    "ERROR_GROUP_LENGTH", "DatabaseSnapshot", "ErrorGroup", "HourPoint", "NameCounts",
+    "QueueRow", "StuckTask", "TableEstimate", "WorkerRow", "database_snapshot",
+    "error_group_expression",
     "failed_in_group", "hourly_chart", "jsonable", "queue_rows", "seconds_text", "stuck_tasks",
     "table_estimate", "window_start", "workers",
 ]
