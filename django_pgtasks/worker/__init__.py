@@ -1,10 +1,21 @@
 """The worker: what ``manage.py run_pgtasks`` runs.
 
-:mod:`.loop` (wait, claim, submit), :mod:`.pool` (the handler threads), :mod:`.completion`
-(outcomes handed back to the loop), :mod:`.listener` (wake-ups and the watchdog),
-:mod:`.liveness` (registration, heartbeat, rescue) and :mod:`.supervisor` (several processes).
+:mod:`.loop` (wait, claim, submit, record), :mod:`.execution` (one task on a pool thread),
+:mod:`.pool` (the handler threads), :mod:`.completion` (outcomes handed back to the loop),
+:mod:`.watchdog` and :mod:`.listener` (heartbeats, cancellations, time limits, wake-ups),
+:mod:`.liveness` (registration, rescue) and :mod:`.supervisor` (several processes).
 """
 
-from django_pgtasks.worker.loop import Worker
+from typing import Any
 
 __all__ = ["Worker"]
+
+
+def __getattr__(name: str) -> Any:
+    # ``Worker`` is imported on first use: the supervisor's child processes import this
+    # package (to unpickle their entry point) before Django's apps, and so the models, load.
+    if name == "Worker":
+        from django_pgtasks.worker.loop import Worker
+
+        return Worker
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

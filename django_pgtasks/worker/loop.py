@@ -23,53 +23,35 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections, transaction
+from django.db import DatabaseError, InterfaceError, connections
 
 from django_pgtasks.base import maintenance
 from django_pgtasks.base.errors import (
-    error_text,
     format_exception,
     is_connection_loss,
-    qualified_name,
     reason_text,
-    truncate_error,
 )
-from django_pgtasks.base.registry import TaskHandler, cancel_signal, get_handler
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import (
-    ConnectionLost,
-    LeaseLostError,
-    PgTasksError,
-    Snooze,
-    TaskCancelled,
-    TaskInterrupted,
-    TaskTimeoutError,
-    UnknownTaskError,
     WorkerShutdown,
 )
 from django_pgtasks.lifecycle.transitions import (
-    Cancelled,
-    Failed,
     Interrupted,
-    Outcome,
     Recorder,
-    Snoozed,
-    Succeeded,
     close_connection,
-    unstorable,
-    write,
 )
-from django_pgtasks.models import Status, Task
+from django_pgtasks.models import Task
 from django_pgtasks.scheduling import job as scheduling  # noqa: F401 (importing registers their jobs)
-from django_pgtasks.signals import task_finished, task_started
 from django_pgtasks.worker.completion import PendingOutcomes
+from django_pgtasks.worker.execution import TaskExecution
 from django_pgtasks.worker.listener import Listener
 from django_pgtasks.worker.liveness import Liveness
 from django_pgtasks.worker.pool import ThreadPool
+from django_pgtasks.worker.watchdog import Watchdog
 
 __all__ = ["ThreadPool", "Worker", "default_worker_id", "format_exception"]
 
@@ -77,10 +59,6 @@ logger = logging.getLogger("django_pgtasks.worker")
 
 #: Most successes recorded by one batched UPDATE.
 COMPLETION_BATCH = 500
-#: Seconds past an async handler's own timeout before the pool gives up on its thread.
-ASYNC_CANCEL_MARGIN = 5.0
-#: Seconds between two turns of the watchdog thread (time limits, heartbeats when due).
-WATCH_TICK = 0.1
 #: Longest pause between two claims while the database refuses connections: a worker resumes
 #: within this time once the server is back.
 RECONNECT_PAUSE_MAX = 2.0
@@ -97,7 +75,7 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-class Worker:
+class Worker(Watchdog, TaskExecution):
     """Runs tasks from ``queues`` with ``concurrency`` threads until stopped.
 
     ``burst=True`` returns as soon as no task is due and none is running (for tests, cron
@@ -340,302 +318,6 @@ class Worker:
         self._stop.wait(pause)
         self._error_pause = min(pause * 2, limit)
 
-    # -- the watchdog: liveness that nothing in the loop can block ---------------------------
-
-    def _start_watchdog(self) -> Listener:
-        """Start the watchdog, a thread with one session of its own, and wait (briefly) until
-        it registered the worker. It listens for notifications (unless ``LISTEN`` is off)
-        and every ``WATCH_TICK`` does what no claim waiting on a lock, slow maintenance job
-        or shutdown grace may delay: heartbeats, the cancellation safety net, time limits and
-        the supervisor check. The liveness lock is held by the same session."""
-        registered = threading.Event()
-
-        def on_connect(conn: Any) -> None:
-            self.liveness.use(conn)
-            registered.set()
-
-        watchdog = Listener(
-            self.using, self.queues, self._wakeup, worker_id=self.worker_id,
-            on_cancel=self._stop_task, listen=bool(pgtasks_settings.LISTEN), tick=WATCH_TICK,
-            on_connect=on_connect, on_tick=self._watch,
-            on_stop=lambda conn: self.liveness.unregister(),
-        )
-        # Set before the thread starts: whoever sees the worker registered sees its watchdog.
-        self.listener = watchdog
-        watchdog.start()
-        registered.wait(timeout=5)
-        return watchdog
-
-    def _watch(self, conn: Any) -> None:
-        """One turn of the watchdog (on its thread; ``conn`` is its session)."""
-        try:
-            now = time.monotonic()
-            if now >= self._next_heartbeat:
-                self.liveness.heartbeat()
-                self._next_heartbeat = now + pgtasks_settings.HEARTBEAT_INTERVAL
-                self._look_for_cancellations()
-            if self._pool is not None:
-                for task, limit in self._pool.overdue():
-                    self._time_out(self._pool, task, limit)
-            self._check_parent()
-        except Exception:  # never let a defect here end the watchdog (and the liveness)
-            logger.exception("Worker %s: error in the watchdog.", self.worker_id)
-
-    def _stop_task(self, pk: int) -> None:
-        """Ask the handler running task ``pk`` to stop (thread-safe; unknown ids ignored)."""
-        task = self._pool.get(pk) if self._pool is not None else None
-        if task is not None and not cancel_signal(task).is_set():
-            logger.info("Task id=%s name=%s was cancelled; asking its handler to stop.",
-                        task.pk, task.name)
-            cancel_signal(task).set()
-
-    def _look_for_cancellations(self) -> None:
-        """With each heartbeat: stop running tasks whose cancellation was requested (the
-        safety net for a lost or never-sent ``NOTIFY``), on the liveness connection. A
-        primary-key lookup of the tasks this worker runs, only while it runs some."""
-        pool = self._pool
-        if pool is None or not pool.busy:
-            return
-        ids = [pk for pk in pool.ids()
-               if (task := pool.get(pk)) is not None and not cancel_signal(task).is_set()]
-        for pk in self.liveness.cancel_requests(ids):
-            self._stop_task(pk)
-
-    def _time_limit(self, task: Task) -> float | None:
-        """Seconds the pool lets ``task`` run before it is failed and its slot freed."""
-        try:
-            handler = get_handler(task.name)
-        except PgTasksError:
-            return None
-        if handler.timeout is None:
-            return None
-        # Async handlers cancel themselves at the limit; the pool only steps in if even the
-        # cancellation hangs.
-        return handler.timeout + (ASYNC_CANCEL_MARGIN if handler.is_async else 0.0)
-
-    def _time_out(self, pool: ThreadPool, task: Task, limit: float) -> None:
-        handler = get_handler(task.name)
-        error = reason_text(TaskTimeoutError, (
-            f"Task exceeded its time limit of {limit:g}s; its thread could not be interrupted "
-            f"and was left to finish on its own (its outcome will be ignored)."))
-        # Recorded by the loop like any outcome; the late finisher's own outcome is then
-        # refused by the lease guard.
-        self._hand_in(task, Failed(error, self._retry_delay(handler, task)))
-        pool.abandon(task)
-        logger.warning("Task id=%s name=%s timed out after %gs; slot freed.", task.pk,
-                       task.name, limit)
-        if pool.stuck > self.concurrency:
-            logger.error(
-                "Worker %s has %d threads stuck in timed-out handlers; stopping so that the "
-                "process (and those threads) can be replaced.", self.worker_id, pool.stuck,
-            )
-            self._exit_code = 1
-            self.stop()
-
-    def _check_parent(self) -> None:
-        if self.parent_pid is not None and os.getppid() != self.parent_pid:
-            logger.warning("Worker %s lost its supervisor; stopping.", self.worker_id)
-            self.stop()
-
-    # -- running one task (in a pool thread) -------------------------------------------------
-
-    def _execute(self, task: Task) -> None:
-        """Run one claimed task in a pool thread and record its outcome (never raises)."""
-        started = time.monotonic()
-        logger.info(
-            "Task id=%s name=%s queue=%s state=%s attempt=%d/%d",
-            task.pk, task.name, task.queue, Status.RUNNING, task.attempt, task.max_attempts,
-        )
-        try:
-            handler = get_handler(task.name)
-        except PgTasksError as exc:  # unknown (fatal), or its module failed to import
-            self._end(task, None, started, self._outcome_of(task, None, exc), exc)
-            return
-        task.followups = []  # next pipeline stages, filled by TaskContext.then()
-        if task.cancel_requested or cancel_signal(task).is_set():
-            # Cancelled after the claim (e.g. while prefetched), or rescued after its
-            # cancellation was requested: it never starts.
-            try:
-                exc = TaskCancelled(
-                    f"Task {task.pk} was cancelled before attempt {task.attempt} started.")
-                self._end(task, None, started, Cancelled(error_text(exc)), None)
-            finally:
-                self._after_task()
-            return
-        try:
-            task_started.send(sender=Task, task=task, worker_id=self.worker_id)
-            handler.started(task, self.worker_id)
-            if handler.atomic:
-                self._run_atomic(task, handler, started)
-            else:
-                self._run(task, handler, started)
-        finally:
-            self._after_task()
-
-    def _run(self, task: Task, handler: TaskHandler, started: float) -> None:
-        """At-least-once mode: the handler, then the completion (batched or on its own)."""
-        try:
-            result = self._call(handler, task)
-        except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
-            self._end(task, handler, started, self._outcome_of(task, handler, exc), exc)
-            return
-        if task.followups:
-            self._succeed_with_followups(task, handler, result, started)
-        else:
-            self._end(task, handler, started, Succeeded(result), None)
-
-    def _succeed_with_followups(self, task: Task, handler: TaskHandler, result: Any,
-                                started: float) -> None:
-        """The success and the next pipeline stages, in one transaction."""
-
-        def succeed() -> dict[int, str]:
-            with transaction.atomic(using=self.using):
-                written = write(self.using, [(task, Succeeded(result))])
-                if written:
-                    _enqueue_followups(task.followups, self.using)
-            return written
-
-        try:
-            written = self.recorder.attempt(succeed)
-        except Exception as exc:  # refused, not unreachable: e.g. a stage that cannot be stored
-            logger.error("Task id=%s: its next stages could not be enqueued: %r", task.pk, exc)
-            self._end(task, handler, started, unstorable(exc), exc)
-            return
-        status = None if written is None else written.get(task.pk, "")
-        if status is None:
-            self._lost_outcomes()
-        self._finished_run(task, handler, started, status, Succeeded(result), None)
-
-    def _run_atomic(self, task: Task, handler: TaskHandler, started: float) -> None:
-        """Exactly-once mode: the handler's writes and the completion commit together."""
-        try:
-            with transaction.atomic(using=self.using):
-                result = self._call(handler, task)
-                if not write(self.using, [(task, Succeeded(result))]):
-                    raise LeaseLostError(f"Task {task.pk} is no longer held by this worker.")
-                if task.followups:
-                    _enqueue_followups(task.followups, self.using)
-        except LeaseLostError as exc:
-            logger.warning("Task id=%s name=%s was no longer held by worker %s when it "
-                           "finished; its writes were rolled back.", task.pk, task.name,
-                           self.worker_id)
-            self._finished_run(task, handler, started, "", None, exc)
-            return
-        except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
-            self._end(task, handler, started, self._outcome_of(task, handler, exc), exc)
-            return
-        self._finished_run(task, handler, started, Status.SUCCESSFUL, Succeeded(result), None)
-
-    def _call(self, handler: TaskHandler, task: Task) -> Any:
-        """Run the handler for ``task`` (the hook the in-test runner wraps)."""
-        return handler.call(task, self.worker_id)
-
-    def _outcome_of(self, task: Task, handler: TaskHandler | None,
-                    exc: BaseException) -> Outcome:
-        """How a run that raised ``exc`` ends: cancelled (its cancellation was requested, or
-        it raised ``TaskCancelled``), snoozed, interrupted (its connection was lost, or its
-        code could not be imported: not the handler's failure), or failed."""
-        if isinstance(exc, TaskCancelled) or cancel_signal(task).is_set():
-            return Cancelled(error_text(exc))
-        if isinstance(exc, Snooze):
-            return Snoozed(exc.seconds)
-        if isinstance(exc, TaskInterrupted):
-            return Interrupted(error_text(exc))
-        if is_connection_loss(exc):
-            header = format_exception(exc).partition("\n")[0]
-            return Interrupted(truncate_error(
-                f"{qualified_name(ConnectionLost)}: The run lost its database connection "
-                f"({header}).\n\n{format_exception(exc)}"))
-        if handler is None or isinstance(exc, UnknownTaskError) or handler.is_fatal(exc):
-            return Failed(error_text(exc), None)
-        return Failed(error_text(exc), self._retry_delay(handler, task))
-
-    def _retry_delay(self, handler: TaskHandler, task: Task) -> float | None:
-        try:
-            return handler.retry_delay(task.attempt)
-        except Exception:
-            logger.exception("Task id=%s name=%s: its backoff policy failed; retrying after "
-                             "BACKOFF_MAX.", task.pk, task.name)
-            return float(pgtasks_settings.BACKOFF_MAX)
-
-    def _end(self, task: Task, handler: TaskHandler | None, started: float, outcome: Outcome,
-             exc: BaseException | None) -> None:
-        """Hand ``outcome`` in to be recorded by the loop (or, unbatched, record it on this
-        thread), then run the callbacks once it is recorded."""
-
-        def done(status: str | None) -> None:
-            self._finished_run(task, handler, started, status, outcome, exc)
-
-        if self.batched:
-            self._hand_in(task, outcome, done)
-            return
-        status = self.recorder.record([(task, outcome)])[task.pk]
-        if status is None:
-            self._lost_outcomes()
-        done(status)
-
-    def _hand_in(self, task: Task, outcome: Outcome,
-                 done: Callable[[str | None], object] = lambda status: None) -> None:
-        """Hand ``outcome`` to the loop, which records it with the others (and then calls
-        ``done`` on a pool thread), and wake the loop."""
-        self.outcomes.add(task, outcome, done)
-        self._wakeup.set()
-
-    def _crashed(self, task: Task, exc: BaseException) -> None:
-        """An internal error escaped :meth:`_execute`: record it as a failure (else the task
-        is given back), so that it does not stay RUNNING under this live worker."""
-        outcome = Failed(reason_text(type(exc), f"Internal error while running the task: "
-                                                f"{exc}"), None)
-        self._hand_in(task, outcome)
-
-    def _finished_run(self, task: Task, handler: TaskHandler | None, started: float,
-                      status: str | None, outcome: Outcome | None,
-                      exc: BaseException | None) -> None:
-        """After the outcome was recorded (``status``: the task's new state; ``""`` or
-        ``None``: nothing recorded): update the in-memory task, call the handler's
-        ``finished()`` and send ``task_finished``."""
-        if status:
-            task.status = status
-            if isinstance(outcome, Succeeded):
-                task.result = outcome.result
-            elif isinstance(outcome, Failed | Cancelled | Interrupted):
-                task.error_text = truncate_error(outcome.error)
-            if isinstance(outcome, Snoozed):
-                task.attempt = max(task.attempt - 1, 0)
-        if handler is not None:
-            try:
-                _while_handling(exc, lambda: handler.finished(task, self.worker_id, exc))
-            except Exception:
-                logger.exception("Task id=%s: error in the handler's finished() callback.",
-                                 task.pk)
-        self._finished(task, started, exc)
-
-    def _finished(self, task: Task, started: float, exception: BaseException | None) -> None:
-        """Log the outcome and send ``task_finished`` (once it is recorded)."""
-        duration = time.monotonic() - started
-        logger.info(
-            "Task id=%s name=%s queue=%s state=%s attempt=%d/%d duration=%.3fs%s",
-            task.pk, task.name, task.queue, task.status, task.attempt, task.max_attempts,
-            duration, f" error={_one_line(exception)}" if exception else "",
-        )
-        self.processed += 1
-        task_finished.send(
-            sender=Task, task=task, worker_id=self.worker_id, status=task.status,
-            duration=duration, exception=exception,
-        )
-
-    def _after_task(self) -> None:
-        # A handler may have broken its connection (or left a transaction open): reset it so
-        # the next task in this thread starts clean. Healthy connections are kept for reuse,
-        # except pooled ones (OPTIONS["pool"]), which go back to the pool between tasks so
-        # that threads share a bounded number of connections.
-        for conn in connections.all(initialized_only=True):
-            if (conn.in_atomic_block or getattr(conn, "pool", None) is not None
-                    or (conn.errors_occurred and not conn.is_usable())):
-                conn.close()
-        if self.task_pause:
-            self._stop.wait(self.task_pause)
-
     # -- shutdown --------------------------------------------------------------------------
 
     def _install_signal_handlers(self) -> None:
@@ -686,32 +368,3 @@ class Worker:
         logger.warning("Worker %s exiting with %d task(s) unfinished; they were given back.",
                        self.worker_id, len(unfinished))
         return 1
-
-
-def _while_handling(exc: BaseException | None, callback: Callable[[], object]) -> None:
-    """Call ``callback`` while ``exc`` is being handled (``sys.exc_info()`` is set), as
-    receivers of a failure's ``task_finished`` expect (Django's own logging attaches the
-    traceback from there), even when it runs after the outcome was recorded elsewhere."""
-    if exc is None:
-        callback()
-        return
-    try:
-        raise exc
-    except BaseException:
-        callback()
-
-
-def _one_line(exc: BaseException) -> str:
-    """``Type: message`` of ``exc`` on one line, for log lines."""
-    header = format_exception(exc).partition("\n")[0]
-    return header if len(header) <= 300 else header[:297] + "..."
-
-
-def _enqueue_followups(tasks: list[Task], using: str) -> None:
-    """Insert a pipeline's next stages. Those on the finishing task's database commit with its
-    completion; a stage whose queue is on another database (``PGTASKS["QUEUES"]``) is
-    written there, in that database's own transaction."""
-    from django_pgtasks.base.routing import queues_on
-
-    # A database that holds no configured queue gets every stage (tasks put there by hand).
-    Task.objects.enqueue_many(tasks, using=None if queues_on(using) else using)

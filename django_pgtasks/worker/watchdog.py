@@ -1,0 +1,137 @@
+"""The watchdog: liveness that nothing in the worker's loop can block.
+
+A thread with one database session of its own (the listener's): heartbeats, the
+cancellation safety net, time limits and the supervisor check, every ``WATCH_TICK``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from django_pgtasks.base.errors import (
+    reason_text,
+)
+from django_pgtasks.base.registry import cancel_signal, get_handler
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.exceptions import (
+    PgTasksError,
+    TaskTimeoutError,
+)
+from django_pgtasks.lifecycle.transitions import (
+    Failed,
+)
+from django_pgtasks.models import Task
+from django_pgtasks.scheduling import job as scheduling  # noqa: F401 (importing registers their jobs)
+from django_pgtasks.worker.listener import Listener
+from django_pgtasks.worker.pool import ThreadPool
+
+logger = logging.getLogger("django_pgtasks.worker")
+
+#: Seconds past an async handler's own timeout before the pool gives up on its thread.
+ASYNC_CANCEL_MARGIN = 5.0
+#: Seconds between two turns of the watchdog thread (time limits, heartbeats when due).
+WATCH_TICK = 0.1
+
+
+class Watchdog:
+    """The watchdog's part of :class:`~django_pgtasks.worker.loop.Worker`."""
+
+
+    def _start_watchdog(self) -> Listener:
+        """Start the watchdog, a thread with one session of its own, and wait (briefly) until
+        it registered the worker. It listens for notifications (unless ``LISTEN`` is off)
+        and every ``WATCH_TICK`` does what no claim waiting on a lock, slow maintenance job
+        or shutdown grace may delay: heartbeats, the cancellation safety net, time limits and
+        the supervisor check. The liveness lock is held by the same session."""
+        registered = threading.Event()
+
+        def on_connect(conn: Any) -> None:
+            self.liveness.use(conn)
+            registered.set()
+
+        watchdog = Listener(
+            self.using, self.queues, self._wakeup, worker_id=self.worker_id,
+            on_cancel=self._stop_task, listen=bool(pgtasks_settings.LISTEN), tick=WATCH_TICK,
+            on_connect=on_connect, on_tick=self._watch,
+            on_stop=lambda conn: self.liveness.unregister(),
+        )
+        # Set before the thread starts: whoever sees the worker registered sees its watchdog.
+        self.listener = watchdog
+        watchdog.start()
+        registered.wait(timeout=5)
+        return watchdog
+
+    def _watch(self, conn: Any) -> None:
+        """One turn of the watchdog (on its thread; ``conn`` is its session)."""
+        try:
+            now = time.monotonic()
+            if now >= self._next_heartbeat:
+                self.liveness.heartbeat()
+                self._next_heartbeat = now + pgtasks_settings.HEARTBEAT_INTERVAL
+                self._look_for_cancellations()
+            if self._pool is not None:
+                for task, limit in self._pool.overdue():
+                    self._time_out(self._pool, task, limit)
+            self._check_parent()
+        except Exception:  # never let a defect here end the watchdog (and the liveness)
+            logger.exception("Worker %s: error in the watchdog.", self.worker_id)
+
+    def _stop_task(self, pk: int) -> None:
+        """Ask the handler running task ``pk`` to stop (thread-safe; unknown ids ignored)."""
+        task = self._pool.get(pk) if self._pool is not None else None
+        if task is not None and not cancel_signal(task).is_set():
+            logger.info("Task id=%s name=%s was cancelled; asking its handler to stop.",
+                        task.pk, task.name)
+            cancel_signal(task).set()
+
+    def _look_for_cancellations(self) -> None:
+        """With each heartbeat: stop running tasks whose cancellation was requested (the
+        safety net for a lost or never-sent ``NOTIFY``), on the liveness connection. A
+        primary-key lookup of the tasks this worker runs, only while it runs some."""
+        pool = self._pool
+        if pool is None or not pool.busy:
+            return
+        ids = [pk for pk in pool.ids()
+               if (task := pool.get(pk)) is not None and not cancel_signal(task).is_set()]
+        for pk in self.liveness.cancel_requests(ids):
+            self._stop_task(pk)
+
+    def _time_limit(self, task: Task) -> float | None:
+        """Seconds the pool lets ``task`` run before it is failed and its slot freed."""
+        try:
+            handler = get_handler(task.name)
+        except PgTasksError:
+            return None
+        if handler.timeout is None:
+            return None
+        # Async handlers cancel themselves at the limit; the pool only steps in if even the
+        # cancellation hangs.
+        return handler.timeout + (ASYNC_CANCEL_MARGIN if handler.is_async else 0.0)
+
+    def _time_out(self, pool: ThreadPool, task: Task, limit: float) -> None:
+        handler = get_handler(task.name)
+        error = reason_text(TaskTimeoutError, (
+            f"Task exceeded its time limit of {limit:g}s; its thread could not be interrupted "
+            f"and was left to finish on its own (its outcome will be ignored)."))
+        # Recorded by the loop like any outcome; the late finisher's own outcome is then
+        # refused by the lease guard.
+        self._hand_in(task, Failed(error, self._retry_delay(handler, task)))
+        pool.abandon(task)
+        logger.warning("Task id=%s name=%s timed out after %gs; slot freed.", task.pk,
+                       task.name, limit)
+        if pool.stuck > self.concurrency:
+            logger.error(
+                "Worker %s has %d threads stuck in timed-out handlers; stopping so that the "
+                "process (and those threads) can be replaced.", self.worker_id, pool.stuck,
+            )
+            self._exit_code = 1
+            self.stop()
+
+    def _check_parent(self) -> None:
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            logger.warning("Worker %s lost its supervisor; stopping.", self.worker_id)
+            self.stop()
