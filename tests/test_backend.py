@@ -30,9 +30,9 @@ from django_pgtasks.backend import (  # noqa: E402
     InvalidTaskArguments,
     PgTasksBackend,
     RetryableTask,
-    error_from_text,
     resolve,
 )
+from django_pgtasks.backend.results import error_from_text  # noqa: E402
 from django_pgtasks.base.registry import get_handler  # noqa: E402
 from django_pgtasks.models import Status  # noqa: E402
 from django_pgtasks.models import Task as Row  # noqa: E402
@@ -654,7 +654,7 @@ def test_keyboard_interrupt_from_a_task_stops_the_worker_like_ctrl_c(start_comma
     output = process.communicate(timeout=60)[0]
     assert process.returncode == 0, output
     assert time.monotonic() - started < 60
-    assert "SIGINT received: finishing" in output
+    assert "raised KeyboardInterrupt: finishing" in output
     interrupted.refresh()
     assert interrupted.status == TaskResultStatus.FAILED
     assert interrupted.errors[0].exception_class is KeyboardInterrupt

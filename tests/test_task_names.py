@@ -29,6 +29,9 @@ from django_pgtasks.models import Task
 from tests.testapp.broken_tasks import FLAG
 
 backend = pytest.importorskip("django_pgtasks.backend")
+backend_handler = pytest.importorskip("django_pgtasks.backend.handler")
+backend_importing = pytest.importorskip("django_pgtasks.backend.importing")
+backend_resolver = pytest.importorskip("django_pgtasks.backend.resolver")
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = "tests.testapp.broken_tasks"
@@ -48,6 +51,7 @@ PROBE = textwrap.dedent("""
     django.setup()
     assert "this" not in sys.modules, "imported before the probe"
     from django_pgtasks import backend
+    from django_pgtasks.backend import handler as backend_handler
     from django_pgtasks.base import registry
     from django_pgtasks.exceptions import FatalError, UnknownTaskError
     from django_pgtasks.models import Task
@@ -66,7 +70,7 @@ PROBE = textwrap.dedent("""
     ("registry.get_handler('this.s')", "UnknownTaskError: No task handler is registered"),
     ("backend.resolve('this.s')", "None"),
     ("backend.import_task('this.s')", "None"),
-    ("backend._Run.for_row(Task(name='this.s', metadata={'django_tasks': "
+    ("backend_handler._Run.for_row(Task(name='this.s', metadata={'django_tasks': "
      "{'backend': 'default'}}))", "FatalError: 'this.s' names no django.tasks Task"),
 ])
 def test_a_name_outside_installed_apps_imports_nothing(call: str, outcome: str) -> None:
@@ -97,7 +101,7 @@ def forget_broken_module() -> None:
     vars(sys.modules["tests.testapp"]).pop("broken_tasks", None)
     for name in [name for name in registry._registry if name.startswith(BROKEN + ".")]:
         del registry._registry[name]
-    for table in (backend._handlers, getattr(backend, "_tasks", {})):
+    for table in (backend_resolver._handlers, backend_importing._tasks):
         for name in [name for name in table if name.startswith(BROKEN + ".")]:
             del table[name]
 
@@ -203,7 +207,7 @@ def test_the_backend_resolver_raises_for_a_module_that_fails_to_import(
     with pytest.raises(HandlerImportError, match="raised while being imported"):
         backend.import_task(name)
     with pytest.raises(HandlerImportError, match="raised while being imported"):
-        backend._Run.for_row(django_row(name))
+        backend_handler._Run.for_row(django_row(name))
     assert len(import_errors(caplog)) == 3  # once per import tried, never twice for one
     broken.delenv(FLAG)
     assert isinstance(backend.resolve(name), backend.DjangoTaskHandler)
@@ -217,9 +221,9 @@ def test_the_backend_and_a_missing_module_of_an_installed_app() -> None:
         get_handler(name)
     # A row the worker has resolved already: its module gone meanwhile is an interruption.
     with pytest.raises(HandlerImportError, match="does not exist in this code"):
-        backend._Run.for_row(django_row(name))
+        backend_handler._Run.for_row(django_row(name))
     with pytest.raises(FatalError, match=r"names no django\.tasks Task of an installed app"):
-        backend._Run.for_row(django_row("tests.testapp.dj_tasks.nothing"))
+        backend_handler._Run.for_row(django_row("tests.testapp.dj_tasks.nothing"))
 
 
 def test_a_django_task_outside_installed_apps_runs_only_where_it_was_enqueued(
@@ -228,8 +232,8 @@ def test_a_django_task_outside_installed_apps_runs_only_where_it_was_enqueued(
     from tests import djtasks
 
     name = "tests.djtasks.multiply"
-    backend._handlers.pop(name, None)
-    getattr(backend, "_tasks", {}).pop(name, None)
+    backend_resolver._handlers.pop(name, None)
+    backend_importing._tasks.pop(name, None)
     # A worker process would not import tests.djtasks (``tests`` is not an installed app):
     assert backend.resolve(name) is None
     handler = backend.handler_for(djtasks.multiply)

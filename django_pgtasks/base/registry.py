@@ -214,6 +214,17 @@ class TaskHandler:
 
         return isinstance(exc, (FatalError, *self.fatal))
 
+    def retry_after(self, task: Task, exc: BaseException | None) -> float | None:
+        """Seconds until the next attempt of ``task``, whose attempt just failed with ``exc``
+        (``None`` for a time-out seen from outside), or ``None`` when the failure is final.
+
+        The worker calls it once per failed attempt, on the thread that ran the attempt; the
+        transition fails the task for good anyway once ``max_attempts`` are spent.
+        """
+        if exc is not None and self.is_fatal(exc):
+            return None
+        return self.retry_delay(task.attempt)
+
     # -- how the worker runs it (extension points for adapters, e.g. the django.tasks one) --
 
     def call(self, task: Task, worker_id: str) -> Any:

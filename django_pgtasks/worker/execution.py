@@ -157,13 +157,15 @@ class TaskExecution:
             return Interrupted(truncate_error(
                 f"{qualified_name(ConnectionLost)}: The run lost its database connection "
                 f"({header}).\n\n{format_exception(exc)}"))
-        if handler is None or isinstance(exc, UnknownTaskError) or handler.is_fatal(exc):
+        if handler is None or isinstance(exc, UnknownTaskError):
             return Failed(error_text(exc), None)
-        return Failed(error_text(exc), self._retry_delay(handler, task))
+        return Failed(error_text(exc), self._retry_after(handler, task, exc))
 
-    def _retry_delay(self, handler: TaskHandler, task: Task) -> float | None:
+    def _retry_after(self, handler: TaskHandler, task: Task,
+                     exc: BaseException | None) -> float | None:
+        """The handler's retry decision for ``task`` (``None``: the failure is final)."""
         try:
-            return handler.retry_delay(task.attempt)
+            return handler.retry_after(task, exc)
         except Exception:
             logger.exception("Task id=%s name=%s: its backoff policy failed; retrying after "
                              "BACKOFF_MAX.", task.pk, task.name)
@@ -220,6 +222,10 @@ class TaskExecution:
                 logger.exception("Task id=%s: error in the handler's finished() callback.",
                                  task.pk)
         self._finished(task, started, exc)
+        if isinstance(exc, KeyboardInterrupt):
+            # Recorded as the attempt's failure like any exception; then the worker stops the
+            # way Ctrl+C stops it (pool threads cannot raise it in the main thread).
+            self.request_stop(f"Task id={task.pk} raised KeyboardInterrupt")
 
     def _finished(self, task: Task, started: float, exception: BaseException | None) -> None:
         """Log the outcome and send ``task_finished`` (once it is recorded)."""

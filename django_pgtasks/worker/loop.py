@@ -320,20 +320,24 @@ class Worker(Watchdog, TaskExecution):
 
     # -- shutdown --------------------------------------------------------------------------
 
+    def request_stop(self, reason: str) -> None:
+        """Stop as ``SIGTERM`` or Ctrl+C would (thread-safe): the first request finishes the
+        running tasks (within ``SHUTDOWN_GRACE``), a second one exits at once."""
+        if self._stop.is_set():
+            logger.warning("Again %s: exiting now.", reason)
+            self._force.set()
+            self._wakeup.set()
+        else:
+            logger.info(
+                "%s: finishing %d running task(s) (grace %.0fs); send SIGTERM or SIGINT "
+                "again to exit at once.",
+                reason, self._pool.busy if self._pool else 0, self.shutdown_grace,
+            )
+            self.stop()
+
     def _install_signal_handlers(self) -> None:
         def handle(signum: int, frame: FrameType | None) -> None:
-            if self._stop.is_set():
-                logger.warning("Second %s: exiting now.", signal.Signals(signum).name)
-                self._force.set()
-                self._wakeup.set()
-            else:
-                logger.info(
-                    "%s received: finishing %d running task(s) (grace %.0fs); "
-                    "send it again to exit at once.",
-                    signal.Signals(signum).name, self._pool.busy if self._pool else 0,
-                    self.shutdown_grace,
-                )
-                self.stop()
+            self.request_stop(f"{signal.Signals(signum).name} received")
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)

@@ -119,7 +119,7 @@ class Watchdog:
             f"and was left to finish on its own (its outcome will be ignored)."))
         # Recorded by the loop like any outcome; the late finisher's own outcome is then
         # refused by the lease guard.
-        self._hand_in(task, Failed(error, self._retry_delay(handler, task)))
+        self._hand_in(task, Failed(error, self._retry_after(handler, task, None)))
         pool.abandon(task)
         logger.warning("Task id=%s name=%s timed out after %gs; slot freed.", task.pk,
                        task.name, limit)

@@ -1,0 +1,171 @@
+"""The worker's side: running the Django task a row names, with Django's signals."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+from django_pgtasks.base.compat import (
+    InvalidTaskBackend,
+    Task,
+    TaskContext,
+    TaskResult,
+    TaskResultStatus,
+    task_backends,
+    task_finished,
+    task_started,
+)
+from django_pgtasks.base.payload import normalize_result
+from django_pgtasks.base.registry import TaskHandler
+from django_pgtasks.exceptions import (
+    FatalError,
+    InvalidPayloadError,
+)
+
+if TYPE_CHECKING:
+    from django_pgtasks.models import Task as TaskRow
+
+from django_pgtasks.backend.errors import InvalidReturnValue
+from django_pgtasks.backend.importing import import_task
+from django_pgtasks.backend.results import (
+    _STATUS,
+    backend_alias,
+    error_from_exception,
+    result_from_row,
+)
+
+logger = logging.getLogger("django_pgtasks.backend")
+
+#: Attribute of a claimed row that carries its run (the Django task and its result) from
+#: ``started()`` through ``call()`` and ``retry_after()`` to ``finished()``.
+_RUN_ATTR = "_django_tasks_run"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    backend: Any  # a PgTasksBackend
+    task: Task
+    result: TaskResult
+
+    @classmethod
+    def for_row(cls, row: TaskRow) -> _Run:
+        alias = backend_alias(row)
+        if alias is None:
+            raise FatalError(
+                f"Task id={row.pk} names the Django task {row.name!r} but was not enqueued "
+                f"through a django.tasks backend, so it is not run."
+            )
+        try:
+            backend = task_backends[alias]
+        except InvalidTaskBackend as exc:
+            raise FatalError(
+                f"Task id={row.pk} was enqueued through the task backend {alias!r}, which is "
+                f"not configured in TASKS any more."
+            ) from exc
+        if not getattr(backend, "stores_in_pgtasks", False):
+            raise FatalError(
+                f"Task id={row.pk} was enqueued through the task backend {alias!r}, whose class "
+                f"is now {type(backend).__name__}, not a PgTasksBackend."
+            )
+        # HandlerImportError (an interruption) if the task's module is in an installed app
+        # but cannot be imported now; a path outside installed apps is never imported.
+        task = import_task(row.name, missing_ok=False)
+        if task is None:
+            raise FatalError(
+                f"{row.name!r} names no django.tasks Task of an installed app, so it is not run."
+            )
+        task = backend.task_for_row(task, row)
+        return cls(backend, task, result_from_row(row, task, alias))
+
+
+class DjangoTaskHandler(TaskHandler):
+    """Runs the ``django.tasks`` Task named by a row, for rows :class:`PgTasksBackend` wrote.
+
+    The worker calls ``started()``, ``call()``, on failure ``retry_after()``, then
+    ``finished()``: on failure from inside its ``except`` block, as Django's logging of
+    ``task_finished`` expects. The run travels with the claimed row.
+    """
+
+    def started(self, task: TaskRow, worker_id: str) -> None:
+        """Send Django's ``task_started``. Never raises: ``call()`` reports any problem."""
+        try:
+            run = _Run.for_row(task)
+        except Exception:
+            return
+        task.__dict__[_RUN_ATTR] = run
+        task_started.send_robust(sender=type(run.backend), task_result=run.result)
+
+    def call(self, task: TaskRow, worker_id: str) -> Any:
+        """Run the Django task with the row's arguments; return its value as plain JSON."""
+        run = task.__dict__.get(_RUN_ATTR) or _Run.for_row(task)
+        if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):
+            raise FatalError(
+                f"Malformed stored payload: args must be a JSON array and kwargs a JSON object "
+                f"(got {type(task.args).__name__} and {type(task.kwargs).__name__})."
+            )
+        args = list(task.args)
+        if run.task.takes_context:
+            args.insert(0, TaskContext(task_result=run.result))
+        task.__dict__[_RUN_ATTR] = run
+        value = run.task.call(*args, **task.kwargs)
+        try:
+            value = normalize_result(value)
+        except InvalidPayloadError as exc:
+            raise InvalidReturnValue(str(exc)) from exc
+        return value
+
+    def retry_after(self, task: TaskRow, exc: BaseException | None) -> float | None:
+        """The backend's decision (``RetryableTask`` options, ``retry_delay()`` of a
+        subclass) for the attempt that just raised ``exc``; ``None`` when it is final."""
+        run = task.__dict__.get(_RUN_ATTR)
+        if exc is None or run is None:
+            return super().retry_after(task, exc)
+        if isinstance(exc, FatalError):
+            return None
+        return _retry_decision(run, task, exc)
+
+    def finished(self, task: TaskRow, worker_id: str, exception: BaseException | None) -> None:
+        """Send Django's ``task_finished``.
+
+        (A ``KeyboardInterrupt`` raised by a task is recorded as that attempt's failure like
+        any exception; the worker then stops as Ctrl+C would stop it.)
+        """
+        run = task.__dict__.pop(_RUN_ATTR, None)
+        result = _finished_result(run, task, exception) if run is not None else None
+        if result is not None:
+            task_finished.send_robust(sender=type(run.backend), task_result=result)
+
+
+def _retry_decision(run: _Run, row: TaskRow, exc: BaseException) -> float | None:
+    """Seconds until the retry of the attempt that just raised ``exc``, or ``None``."""
+    if isinstance(exc, FatalError) or row.attempt >= row.max_attempts:
+        return None
+    failed = dataclasses.replace(
+        run.result, status=TaskResultStatus.FAILED, finished_at=timezone.now(),
+        errors=[*run.result.errors, error_from_exception(exc)],
+    )
+    return run.backend.retry_delay(run.task, exc, failed, row.attempt)
+
+
+def _finished_result(run: _Run, row: TaskRow, exception: BaseException | None
+                     ) -> TaskResult | None:
+    """The result as the worker just recorded it (times from this process's clock), or
+    ``None`` if nothing was recorded (the worker no longer held the task)."""
+    if exception is None:
+        if row.status != "SUCCESSFUL":
+            return None
+        result = dataclasses.replace(run.result, status=TaskResultStatus.SUCCESSFUL,
+                                     finished_at=timezone.now())
+        object.__setattr__(result, "_return_value", row.result)
+        return result
+    if row.status not in _STATUS or row.status == "RUNNING":
+        return None
+    status = _STATUS[row.status]
+    return dataclasses.replace(
+        run.result, status=status,
+        finished_at=timezone.now() if status == TaskResultStatus.FAILED else None,
+        errors=[*run.result.errors, error_from_exception(exception)],
+    )
