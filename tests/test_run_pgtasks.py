@@ -86,13 +86,17 @@ def test_burst_drains_and_logs_one_greppable_line_per_outcome(run_command) -> No
     assert "Worker w-log stopped after 2 task(s)." in result.stderr
 
 
-def test_sigterm_lets_running_tasks_finish_and_claims_nothing_more(start_command) -> None:
-    running = [Task.objects.enqueue(tasks.sleepy, 1.5) for _ in range(2)]
+def test_sigterm_lets_running_tasks_finish_and_claims_nothing_more(start_command,
+                                                                  tmp_path) -> None:
+    gate = tmp_path / "gate"
+    running = [Task.objects.enqueue(tasks.waits_for, str(gate)) for _ in range(2)]
     process = start_command("run_pgtasks", "--concurrency", "2", "--shutdown-grace", "20")
     out = Output(process)
     wait_until(lambda: Task.objects.running().count() == 2)
     waiting = Task.objects.enqueue(tasks.noop)
     process.send_signal(signal.SIGTERM)
+    out.wait_for("SIGTERM received: finishing")
+    gate.touch()  # the running tasks end only now, after the signal was handled
     assert process.wait(timeout=30) == 0, out.text
     for task in running:
         task.refresh_from_db()

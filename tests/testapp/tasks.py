@@ -98,6 +98,19 @@ def sleepy(seconds: float) -> None:
     time.sleep(seconds)
 
 
+@pgtask
+def waits_for(path: str, timeout: float = 60) -> None:
+    """Runs until the file ``path`` exists (a test opens the gate when it is ready)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout}s.")
+        time.sleep(0.01)
+
+
 @pgtask(max_attempts=1)
 def exits() -> None:
     raise SystemExit(3)
