@@ -1,0 +1,325 @@
+"""Task handlers: what ``@pgtask`` makes of a function, and what a running task sees.
+
+:class:`TaskHandler` holds a function and its options and knows how to run it (sync or
+async, with a time limit, cancellable); :class:`TaskContext` is what a handler that asks for
+it receives. The names that map stored tasks to handlers live in
+:mod:`django_pgtasks.base.registry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from django.apps import apps
+
+from django_pgtasks.retry import Backoff, resolve
+
+if TYPE_CHECKING:
+    from django_pgtasks.base.schedules import When
+    from django_pgtasks.models import Task
+
+MAX_NAME_LENGTH = 255
+
+
+def _tasks() -> Any:
+    """The task manager, looked up in the app registry: handlers are defined at import time,
+    before the models can be imported, and the registry sits below the models."""
+    return apps.get_model("django_pgtasks", "Task").objects
+
+logger = logging.getLogger("django_pgtasks")
+
+
+class CancelSignal:
+    """Set when a running task is asked to stop (thread-safe); runs callbacks once set.
+
+    The worker keeps one per running task (:func:`cancel_signal`) and sets it when it learns
+    of the cancellation, through ``NOTIFY`` or its next heartbeat.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def set(self) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            with contextlib.suppress(Exception):
+                callback()
+
+    def add_callback(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when set (at once if set already); return a function that
+        removes it."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+
+                def remove() -> None:
+                    with self._lock, contextlib.suppress(ValueError):
+                        self._callbacks.remove(callback)
+
+                return remove
+        callback()
+        return lambda: None
+
+
+def cancel_signal(task: Task) -> CancelSignal:
+    """The cancellation signal of a claimed ``task`` (created on first use)."""
+    signal = task.__dict__.get("_cancel_signal")
+    if signal is None:
+        signal = task.__dict__.setdefault("_cancel_signal", CancelSignal())
+    return signal
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Passed as the first argument to handlers registered with ``context=True``."""
+
+    task: Task
+    worker_id: str
+
+    @property
+    def task_id(self) -> int:
+        return self.task.pk
+
+    @property
+    def attempt(self) -> int:
+        """The number of the attempt now running, starting at 1."""
+        return self.task.attempt
+
+    # -- cooperative cancellation ----------------------------------------------------------
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this task was cancelled while it runs (``Task.objects...cancel()``)."""
+        return cancel_signal(self.task).is_set()
+
+    def should_stop(self) -> bool:
+        """Whether the handler should stop now: its task was cancelled.
+
+        Check it between units of work and stop by raising (e.g. with
+        :meth:`raise_if_cancelled`): the task then ends ``CANCELLED``. A handler that returns
+        normally has done its work, and its task ends ``SUCCESSFUL``.
+        """
+        return self.cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~django_pgtasks.exceptions.TaskCancelled` if the task was cancelled."""
+        if self.cancelled:
+            from django_pgtasks.exceptions import TaskCancelled
+
+            raise TaskCancelled(f"Task {self.task_id} was cancelled while it ran.")
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early if the task is cancelled; return
+        :meth:`should_stop`. For handlers that poll or back off between steps."""
+        return cancel_signal(self.task).wait(seconds)
+
+    # -- snooze ----------------------------------------------------------------------------
+
+    def snooze(self, seconds: float | timedelta) -> NoReturn:
+        """Stop this attempt and run the task again after ``seconds`` (database clock)
+        without using up an attempt: raises :class:`~django_pgtasks.exceptions.Snooze`."""
+        from django_pgtasks.exceptions import Snooze
+
+        raise Snooze(seconds)
+
+    def then(
+        self, handler: TaskHandler | str, *args: Any, stage: str | None = None,
+        **options_and_kwargs: Any,
+    ) -> Task:
+        """Enqueue the next stage of a pipeline *together with this task's success*.
+
+        The follow-up task is inserted in the same transaction that records this task as
+        SUCCESSFUL, so it exists if and only if this stage succeeded: a crash in between
+        neither skips the next stage nor enqueues it twice. ``stage`` names it (shown in the
+        admin; default: the handler's function name); other keyword arguments are the usual
+        enqueue options (queue, priority, delay, ...) and the handler's keyword arguments.
+        Follow-ups of an attempt that fails are discarded with it.
+        """
+        from django_pgtasks.exceptions import InvalidTaskError
+        if "key" in options_and_kwargs:
+            raise InvalidTaskError("A pipeline stage cannot have a deduplication key.")
+        followup = _tasks().build(handler, *args, **options_and_kwargs)
+        followup.stage = stage or followup.name.rsplit(".", 1)[-1]
+        root = self.task.metadata.get("pipeline", self.task.pk)
+        followup.metadata = {**followup.metadata, "pipeline": root, "parent": self.task.pk}
+        self.task.followups.append(followup)
+        return followup
+
+
+@dataclass(eq=False)
+class TaskHandler:
+    """A registered task function plus its defaults. Call it to run the function directly."""
+
+    func: Callable[..., Any]
+    name: str
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    backoff: str | Backoff | None = None
+    fatal: tuple[type[BaseException], ...] = ()
+    atomic: bool = False
+    takes_context: bool = False
+    timeout: float | None = None
+    #: When the scheduler enqueues runs of this handler (``@pgtask(schedule=...)``).
+    schedule: When | None = None
+    #: Default concurrency key of its tasks: a string, or a callable that takes the task's
+    #: arguments and returns one (or ``None``); and the default limit for that key.
+    concurrency_key: str | Callable[..., str | None] | None = None
+    concurrency_limit: int | None = None
+    is_async: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.is_async = inspect.iscoroutinefunction(self.func)
+        self.__doc__ = self.func.__doc__
+        self.__wrapped__ = self.func
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<TaskHandler {self.name}>"
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        return float(resolve(self.backoff)(attempt))
+
+    def is_fatal(self, exc: BaseException) -> bool:
+        """Whether ``exc`` fails the task at once instead of scheduling a retry."""
+        from django_pgtasks.exceptions import FatalError
+
+        return isinstance(exc, (FatalError, *self.fatal))
+
+    def retry_after(self, task: Task, exc: BaseException | None) -> float | None:
+        """Seconds until the next attempt of ``task``, whose attempt just failed with ``exc``
+        (``None`` for a time-out seen from outside), or ``None`` when the failure is final.
+
+        The worker calls it once per failed attempt, on the thread that ran the attempt; the
+        transition fails the task for good anyway once ``max_attempts`` are spent.
+        """
+        if exc is not None and self.is_fatal(exc):
+            return None
+        return self.retry_delay(task.attempt)
+
+    # -- how the worker runs it (extension points for adapters, e.g. the django.tasks one) --
+
+    def call(self, task: Task, worker_id: str) -> Any:
+        """Run the function for ``task`` and return its result as plain JSON.
+
+        Raises whatever the function raises. A malformed stored payload raises
+        :class:`~django_pgtasks.FatalError`; a return value PostgreSQL cannot store unchanged
+        (not plain JSON, a NUL character or a lone surrogate anywhere, an integer too large
+        for JSON, more than ``PGTASKS["MAX_RESULT_BYTES"]``) raises
+        :class:`~django_pgtasks.exceptions.UnstorableResultError`, a ``FatalError``.
+        """
+        from asgiref.sync import async_to_sync
+
+        from django_pgtasks.base.payload import normalize_result
+        from django_pgtasks.exceptions import FatalError, InvalidPayloadError, UnstorableResultError
+
+        if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):
+            raise FatalError(
+                f"Malformed stored payload: args must be a JSON array and kwargs a JSON object "
+                f"(got {type(task.args).__name__} and {type(task.kwargs).__name__})."
+            )
+        args = list(task.args)
+        if self.takes_context:
+            args.insert(0, TaskContext(task=task, worker_id=worker_id))
+        if self.is_async:
+            func = async_to_sync(_cancellable(_bounded(self.func, self.timeout),
+                                              cancel_signal(task)))
+        else:
+            func = self.func
+        result = func(*args, **task.kwargs)
+        try:
+            return normalize_result(result)
+        except InvalidPayloadError as exc:
+            raise UnstorableResultError(str(exc)) from exc
+
+    def started(self, task: Task, worker_id: str) -> None:
+        """Called in the worker thread just before :meth:`call`."""
+
+    def finished(self, task: Task, worker_id: str, exception: BaseException | None) -> None:
+        """Called after the outcome is recorded; on failure from inside the ``except`` block."""
+
+    def enqueue(
+        self,
+        *args: Any,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_after: datetime | None = None,
+        delay: timedelta | float | None = None,
+        max_attempts: int | None = None,
+        using: str | None = None,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> Task:
+        """Enqueue a run of this handler; see :meth:`TaskManager.enqueue`."""
+        return _tasks().enqueue(
+            self, *args, queue=queue, priority=priority, run_after=run_after, delay=delay,
+            max_attempts=max_attempts, using=using, key=key, **kwargs,
+        )
+
+    def build(self, *args: Any, **kwargs: Any) -> Task:
+        """An unsaved, validated task for :meth:`TaskManager.enqueue_many`."""
+        return _tasks().build(self, *args, **kwargs)
+
+
+def _bounded(func: Callable[..., Any], timeout: float | None) -> Callable[..., Any]:
+    """Wrap an async function so it is cancelled after ``timeout`` seconds."""
+    if timeout is None:
+        return func
+
+    async def bounded(*args: Any, **kwargs: Any) -> Any:
+        from django_pgtasks.exceptions import TaskTimeoutError
+
+        try:
+            return await asyncio.wait_for(func(*args, **kwargs), timeout)
+        except TimeoutError:
+            raise TaskTimeoutError(
+                f"Task exceeded its time limit of {timeout:g}s and was cancelled."
+            ) from None
+
+    return bounded
+
+
+def _cancellable(func: Callable[..., Any], signal: CancelSignal) -> Callable[..., Any]:
+    """Wrap an async function so that its coroutine is cancelled when ``signal`` is set; the
+    cancellation surfaces as :class:`~django_pgtasks.exceptions.TaskCancelled`."""
+
+    async def cancellable(*args: Any, **kwargs: Any) -> Any:
+        from django_pgtasks.exceptions import TaskCancelled
+
+        loop = asyncio.get_running_loop()
+        inner = asyncio.ensure_future(func(*args, **kwargs))
+        remove = signal.add_callback(lambda: loop.call_soon_threadsafe(inner.cancel))
+        try:
+            return await inner
+        except asyncio.CancelledError:
+            if not signal.is_set():
+                raise
+            raise TaskCancelled("The task was cancelled while it ran; its coroutine was "
+                                "cancelled.") from None
+        finally:
+            remove()
+
+    return cancellable
