@@ -18,7 +18,7 @@ from django.db import connection, connections
 
 from django_pgtasks.exceptions import InvalidTaskError
 from django_pgtasks.lifecycle import claim as claiming
-from django_pgtasks.models import Status, Task
+from django_pgtasks.models import Status, Task, WorkerProcess
 from django_pgtasks.worker.loop import Worker
 from tests.helpers import all_finished, run_workers, stop_processes, wait_until
 from tests.testapp import limited, tasks
@@ -283,13 +283,15 @@ def test_the_same_workload_without_keys_exceeds_the_limits(gauge: None) -> None:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_worker_processes_never_exceed_the_limit_of_a_key(gauge: None, start_command) -> None:
-    enqueue_gauge_workload(keyed=True)
     processes = [
         start_command("run_pgtasks", "--concurrency", "3", "--worker-id", f"proc-{i}",
                       "--log-level", "WARNING")
         for i in range(4)
     ]
     try:
+        # All four compete for the work (and each is past its start-up when it is stopped).
+        wait_until(lambda: WorkerProcess.objects.count() == 4, timeout=60)
+        enqueue_gauge_workload(keyed=True)
         wait_until(all_finished, timeout=240)
     finally:
         outputs = stop_processes(processes)

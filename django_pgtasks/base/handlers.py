@@ -23,8 +23,8 @@ from django.apps import apps
 from django_pgtasks.retry import Backoff, resolve
 
 if TYPE_CHECKING:
+    from django_pgtasks.base.rows import TaskRow
     from django_pgtasks.base.schedules import When
-    from django_pgtasks.models import Task
 
 MAX_NAME_LENGTH = 255
 
@@ -81,7 +81,7 @@ class CancelSignal:
         return lambda: None
 
 
-def cancel_signal(task: Task) -> CancelSignal:
+def cancel_signal(task: TaskRow) -> CancelSignal:
     """The cancellation signal of a claimed ``task`` (created on first use)."""
     signal = task.__dict__.get("_cancel_signal")
     if signal is None:
@@ -93,7 +93,7 @@ def cancel_signal(task: Task) -> CancelSignal:
 class TaskContext:
     """Passed as the first argument to handlers registered with ``context=True``."""
 
-    task: Task
+    task: TaskRow
     worker_id: str
 
     @property
@@ -145,7 +145,7 @@ class TaskContext:
     def then(
         self, handler: TaskHandler | str, *args: Any, stage: str | None = None,
         **options_and_kwargs: Any,
-    ) -> Task:
+    ) -> TaskRow:
         """Enqueue the next stage of a pipeline *together with this task's success*.
 
         The follow-up task is inserted in the same transaction that records this task as
@@ -209,7 +209,7 @@ class TaskHandler:
 
         return isinstance(exc, (FatalError, *self.fatal))
 
-    def retry_after(self, task: Task, exc: BaseException | None) -> float | None:
+    def retry_after(self, task: TaskRow, exc: BaseException | None) -> float | None:
         """Seconds until the next attempt of ``task``, whose attempt just failed with ``exc``
         (``None`` for a time-out seen from outside), or ``None`` when the failure is final.
 
@@ -222,7 +222,7 @@ class TaskHandler:
 
     # -- how the worker runs it (extension points for adapters, e.g. the django.tasks one) --
 
-    def call(self, task: Task, worker_id: str) -> Any:
+    def call(self, task: TaskRow, worker_id: str) -> Any:
         """Run the function for ``task`` and return its result as plain JSON.
 
         Raises whatever the function raises. A malformed stored payload raises
@@ -255,10 +255,10 @@ class TaskHandler:
         except InvalidPayloadError as exc:
             raise UnstorableResultError(str(exc)) from exc
 
-    def started(self, task: Task, worker_id: str) -> None:
+    def started(self, task: TaskRow, worker_id: str) -> None:
         """Called in the worker thread just before :meth:`call`."""
 
-    def finished(self, task: Task, worker_id: str, exception: BaseException | None) -> None:
+    def finished(self, task: TaskRow, worker_id: str, exception: BaseException | None) -> None:
         """Called after the outcome is recorded; on failure from inside the ``except`` block."""
 
     def enqueue(
@@ -272,14 +272,14 @@ class TaskHandler:
         using: str | None = None,
         key: str | None = None,
         **kwargs: Any,
-    ) -> Task:
+    ) -> TaskRow:
         """Enqueue a run of this handler; see :meth:`TaskManager.enqueue`."""
         return _tasks().enqueue(
             self, *args, queue=queue, priority=priority, run_after=run_after, delay=delay,
             max_attempts=max_attempts, using=using, key=key, **kwargs,
         )
 
-    def build(self, *args: Any, **kwargs: Any) -> Task:
+    def build(self, *args: Any, **kwargs: Any) -> TaskRow:
         """An unsaved, validated task for :meth:`TaskManager.enqueue_many`."""
         return _tasks().build(self, *args, **kwargs)
 

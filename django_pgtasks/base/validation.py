@@ -8,16 +8,14 @@ would leave that transaction unusable.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.utils import timezone
 
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import InvalidTaskError, UnknownQueueError
-
-if TYPE_CHECKING:
-    from django_pgtasks.base.registry import TaskHandler
 
 #: Native priority range: higher runs first; the default sits in the middle.
 PRIORITY_MIN = 0
@@ -142,8 +140,15 @@ def check_run_after(run_after: datetime) -> None:
 MAX_CONCURRENCY_LIMIT = 32767
 
 
+class ConcurrencyDefaults(Protocol):
+    """A handler's defaults for :func:`resolve_concurrency` (a ``TaskHandler`` has them)."""
+
+    concurrency_key: str | Callable[..., str | None] | None
+    concurrency_limit: int | None
+
+
 def resolve_concurrency(
-    handler: TaskHandler,
+    handler: ConcurrencyDefaults,
     concurrency_key: str | None,
     concurrency_limit: int | None,
     args: list[Any],

@@ -68,17 +68,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.apps import apps
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Exists, Q, QuerySet
+from django.db.models import Exists, Manager, Q, QuerySet
 
+from django_pgtasks.base.rows import TaskRow
 from django_pgtasks.conf import pgtasks_settings
-
-if TYPE_CHECKING:
-    from django_pgtasks.models import Task, TaskManager
 
 ORDER_SQL = "priority DESC, run_after, id"
 #: First key of the transaction-level advisory locks on concurrency keys ("pgtk"); the second
@@ -170,7 +168,7 @@ def _remember(db: str, queues: tuple[str, ...], controlled: bool) -> None:
     _modes[(db, queues)] = (time.monotonic() + pgtasks_settings.CONTROLS_REFRESH, controlled)
 
 
-def _plain_candidates(manager: TaskManager, db: str, queue: str, limit: int) -> QuerySet:
+def _plain_candidates(manager: Manager[Any], db: str, queue: str, limit: int) -> QuerySet:
     QueueControl = apps.get_model("django_pgtasks", "QueueControl")
     held_back = QueueControl.objects.using(db).filter(
         Q(paused=True) | Q(rate_limit__isnull=False), queue=queue
@@ -185,9 +183,9 @@ def _plain_candidates(manager: TaskManager, db: str, queue: str, limit: int) -> 
 
 
 def _plain(
-    manager: TaskManager, worker_id: str, queues: tuple[str, ...], limit: int, db: str,
+    manager: Manager[Any], worker_id: str, queues: tuple[str, ...], limit: int, db: str,
     with_mode: bool,
-) -> list[Task]:
+) -> list[TaskRow]:
     with transaction.atomic(using=db, savepoint=False):
         # Compiling the candidate querysets costs more than running the statement, and the
         # result only depends on these: compile once, reuse.
@@ -218,7 +216,7 @@ def controlled_window(limit: int) -> int:
 
 
 def _controlled(
-    manager: TaskManager, worker_id: str, queues: tuple[str, ...], limit: int, db: str,
+    manager: Manager[Any], worker_id: str, queues: tuple[str, ...], limit: int, db: str,
 ) -> ClaimedTasks:
     with transaction.atomic(using=db, savepoint=False):
         tasks = ClaimedTasks(manager.db_manager(db).raw(
@@ -233,7 +231,7 @@ def _controlled(
 
 
 def claim(
-    manager: TaskManager, worker_id: str, queues: tuple[str, ...], limit: int, db: str,
+    manager: Manager[Any], worker_id: str, queues: tuple[str, ...], limit: int, db: str,
 ) -> ClaimedTasks:
     """Claim up to ``limit`` tasks of ``queues`` for ``worker_id`` (see the module doc)."""
     now = time.monotonic()
@@ -264,7 +262,7 @@ def claim(
     return _sorted(_plain(manager, worker_id, queues, limit, db, with_mode=False))
 
 
-def _sorted(tasks: Sequence[Task]) -> ClaimedTasks:
+def _sorted(tasks: Sequence[TaskRow]) -> ClaimedTasks:
     result = ClaimedTasks(sorted(tasks, key=lambda t: (-t.priority, t.run_after, t.pk)))
     result.retry_in = getattr(tasks, "retry_in", None)
     return result

@@ -28,7 +28,7 @@ from django_pgtasks.exceptions import PgTasksError, TaskWaitTimeout
 
 if TYPE_CHECKING:
     from django_pgtasks.base.compat import TaskResult
-    from django_pgtasks.models import Task
+    from django_pgtasks.base.rows import TaskRow
 
 #: Channel on which the completion of awaited tasks is announced (payload: the task id).
 FINISHED_CHANNEL = "pgtasks_finished"
@@ -49,7 +49,7 @@ def wait_for_task(
     *,
     using: str,
     poll_interval: float = 5.0,
-) -> Task:
+) -> TaskRow:
     """Block until task ``pk`` in database ``using`` is finished; return it, read afresh.
 
     Raises :class:`~django_pgtasks.exceptions.TaskWaitTimeout` once ``timeout`` seconds have
@@ -97,7 +97,7 @@ def _sleep(conn: psycopg.Connection, payload: str, seconds: float) -> bool:
                for notification in conn.notifies(timeout=seconds))
 
 
-def _read(pk: int, using: str) -> Task:
+def _read(pk: int, using: str) -> TaskRow:
     Task = apps.get_model("django_pgtasks", "Task")
     task = Task.objects.using(using).filter(pk=pk).first()
     if task is None:

@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import connections, models
 from django.db.models import Value
@@ -19,6 +19,7 @@ from django.db.models.functions import Now
 from django_pgtasks.base.payload import serialize_payload, task_payload_json
 from django_pgtasks.base.registry import TaskHandler, get_handler
 from django_pgtasks.base.routing import database_for_queue, queues_on
+from django_pgtasks.base.rows import TaskRow
 from django_pgtasks.base.validation import (
     delay_seconds,
     resolve_concurrency,
@@ -33,9 +34,6 @@ from django_pgtasks.models.queries import TaskQuerySet
 from django_pgtasks.models.status import Status
 from django_pgtasks.signals import task_enqueued
 
-if TYPE_CHECKING:
-    from django_pgtasks.models.task import Task
-
 logger = logging.getLogger("django_pgtasks")
 
 
@@ -48,7 +46,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             return using or self._db
         return database_for_queue(queue) if queue else pgtasks_settings.DATABASE
 
-    def _task_db(self, task: Task, using: str | None) -> str:
+    def _task_db(self, task: TaskRow, using: str | None) -> str:
         """The database that holds ``task``: ``using``, where it was read, or its queue's."""
         return using or self._db or task._state.db or database_for_queue(task.queue)
 
@@ -68,7 +66,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
         **kwargs: Any,
-    ) -> Task:
+    ) -> TaskRow:
         """Return a validated, unsaved task; raise ``InvalidTaskError`` if anything is wrong.
 
         Nothing is written. :meth:`enqueue` saves one; :meth:`enqueue_many` saves many.
@@ -122,7 +120,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
         **kwargs: Any,
-    ) -> Task:
+    ) -> TaskRow:
         """Insert one task and return it.
 
         The INSERT runs on the caller's connection and inside the caller's transaction: if
@@ -161,7 +159,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         task_enqueued.send(sender=self.model, task=task)
         return task
 
-    def _upsert_keyed(self, task: Task, db: str) -> Task:
+    def _upsert_keyed(self, task: TaskRow, db: str) -> TaskRow:
         run_after = task.run_after if isinstance(task.run_after, datetime) else None
         params = [task.name, task.queue, *task_payload_json(task),
                   task.priority, task.max_attempts, run_after,
@@ -176,7 +174,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         row.deduplicated = not row.inserted
         return row
 
-    def enqueue_many(self, tasks: Iterable[Task], using: str | None = None) -> list[Task]:
+    def enqueue_many(self, tasks: Iterable[TaskRow], using: str | None = None) -> list[TaskRow]:
         """Insert many tasks (built with :meth:`build` or ``handler.build()``) in one statement.
 
         Validation happens while building, so a bad task raises before anything is written.
@@ -194,7 +192,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             task_payload_json(task)
         # Without ``using``, each task goes to its queue's database: one INSERT per database
         # (not atomic together, unless the caller's transactions make them so).
-        by_db: dict[str, list[Task]] = {}
+        by_db: dict[str, list[TaskRow]] = {}
         for task in tasks:
             by_db.setdefault(self._db_alias(using, task.queue), []).append(task)
         for db, group in by_db.items():
@@ -204,7 +202,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                 task_enqueued.send(sender=self.model, task=task)
         return tasks
 
-    def _insert_many(self, tasks: list[Task], db: str) -> None:
+    def _insert_many(self, tasks: list[TaskRow], db: str) -> None:
         payloads = [task_payload_json(t) for t in tasks]
         columns = {
             "name": [t.name for t in tasks],
@@ -306,7 +304,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         queues: Sequence[str] | None = None,
         limit: int = 1,
         using: str | None = None,
-    ) -> list[Task]:
+    ) -> list[TaskRow]:
         """Atomically take up to ``limit`` due tasks for ``worker_id`` and mark them running.
 
         Candidates are read with ``select_for_update(skip_locked=True)`` in priority order
@@ -340,12 +338,12 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
     #    number of the claim, ``claims``): ``False`` (or a missing id) means the task was no
     #    longer held.
 
-    def mark_succeeded(self, task: Task, result: Any = None, using: str | None = None) -> bool:
+    def mark_succeeded(self, task: TaskRow, result: Any = None, using: str | None = None) -> bool:
         """Record success; ``False`` if the worker no longer held the task (nothing changed)."""
         return self._end(task, transitions.Succeeded(result), using)
 
     def mark_failed(
-        self, task: Task, error_text: str, *, retry_delay: float | None,
+        self, task: TaskRow, error_text: str, *, retry_delay: float | None,
         using: str | None = None,
     ) -> bool:
         """Record a failed attempt.
@@ -357,7 +355,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         return self._end(task, transitions.Failed(error_text, retry_delay), using)
 
     def mark_many_succeeded(
-        self, outcomes: Sequence[tuple[Task, Any]], using: str | None = None
+        self, outcomes: Sequence[tuple[TaskRow, Any]], using: str | None = None
     ) -> set[int]:
         """Record several successes in one statement; return the ids that were recorded.
 
@@ -369,7 +367,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         runs = [(task, transitions.Succeeded(result)) for task, result in outcomes]
         return set(transitions.write(db, runs))
 
-    def unclaim(self, tasks: Sequence[Task], using: str | None = None) -> int:
+    def unclaim(self, tasks: Sequence[TaskRow], using: str | None = None) -> int:
         """Give back claimed tasks that never started, as if they had not been claimed.
 
         The attempt is not counted. Guarded like every completion; returns how many rows
@@ -379,19 +377,19 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             return 0
         return len(transitions.unclaim(self._task_db(tasks[0], using), tasks))
 
-    def release(self, task: Task, reason: str, using: str | None = None) -> bool:
+    def release(self, task: TaskRow, reason: str, using: str | None = None) -> bool:
         """Give a running task back because its run was interrupted (e.g. its worker shuts
         down): the attempt is not counted, the task keeps its place in the queue, and one
         interruption is counted (past ``PGTASKS["MAX_INTERRUPTIONS"]`` it ends ``FAILED``).
         ``reason`` is recorded as the attempt's error text."""
         return self._end(task, transitions.Interrupted(reason), using)
 
-    def mark_cancelled(self, task: Task, error_text: str = "", using: str | None = None) -> bool:
+    def mark_cancelled(self, task: TaskRow, error_text: str = "", using: str | None = None) -> bool:
         """Record that a running task stopped because it was cancelled: it ends ``CANCELLED``
         (never retried). ``False`` if the worker no longer held the task (nothing changed)."""
         return self._end(task, transitions.Cancelled(error_text), using)
 
-    def mark_snoozed(self, task: Task, seconds: float, using: str | None = None) -> bool:
+    def mark_snoozed(self, task: TaskRow, seconds: float, using: str | None = None) -> bool:
         """Put a running task back to wait ``seconds`` (database clock) without using up an
         attempt: ``attempt`` goes back down, ``metadata["snoozes"]`` counts the snoozes.
 
@@ -401,7 +399,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         """
         return self._end(task, transitions.Snoozed(seconds), using)
 
-    def _end(self, task: Task, outcome: transitions.Outcome, using: str | None) -> bool:
+    def _end(self, task: TaskRow, outcome: transitions.Outcome, using: str | None) -> bool:
         recorded = transitions.write(self._task_db(task, using), [(task, outcome)])
         if not recorded:
             logger.warning(
@@ -412,12 +410,12 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
 
     def wait(
         self,
-        task: Task | int,
+        task: TaskRow | int,
         timeout: float | None = None,
         *,
         using: str | None = None,
         poll_interval: float = 5.0,
-    ) -> Task:
+    ) -> TaskRow:
         """Block until ``task`` (a task or its id) is finished and return it, read afresh.
 
         Wakes on the ``NOTIFY`` its completion sends (only tasks someone waits for send one),
