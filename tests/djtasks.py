@@ -2,7 +2,7 @@
 
 A worker process never imports it because a task's row names it (stored names import only
 modules of installed apps): such a task runs only in the process that enqueued it, and fails as
-unknown in a worker process (tests/test_task_names.py).
+unknown in a worker process (tests/process/test_task_names.py).
 """
 
 from __future__ import annotations

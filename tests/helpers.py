@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
 
-from django.db import connections
+from django.db import connection, connections
 
 from django_pgtasks.models import PENDING, Status, Task
 from django_pgtasks.worker.loop import Worker
@@ -69,3 +70,38 @@ def run_workers(workers: list[Worker], until: Callable[[], bool] | None = None,
     assert not errors, errors
     assert not any(t.is_alive() for t in threads), "a worker thread did not end"
     return workers
+
+
+class Output:
+    """Collects a child's output lines in the background so tests can wait for one."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _read(self, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float = 30, after: int = 0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines[after:]:
+                if match := re.search(pattern, line):
+                    return match
+            time.sleep(0.05)
+        raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(self.lines)}")
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def terminate_worker_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'pgtasks worker' AND datname = current_database()"
+        )
+        return cursor.fetchone()[0]

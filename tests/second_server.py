@@ -1,4 +1,4 @@
-"""A second PostgreSQL server for the multi-database tests (``tests/test_multidb.py``).
+"""A second PostgreSQL server for the multi-database tests (``tests/process/test_multidb.py``).
 
 The test settings call :func:`database_config` once per test session, before Django sets up
 its test databases. The server is found in this order:

@@ -30,7 +30,7 @@ DATABASES = {
     )
 }
 # Worker processes of the connection budget test share a pool of this many connections each
-# (tests/test_connection_budget.py).
+# (tests/chaos/test_connection_budget.py).
 if os.environ.get("PGTASKS_TEST_POOL"):
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1, "max_size": int(os.environ["PGTASKS_TEST_POOL"]), "timeout": 60}
@@ -41,7 +41,7 @@ DATABASES["default"]["TEST"] = {
     "NAME": os.environ.get("PGTASKS_TEST_DB", f"test_pgtasks_{os.getpid()}")
 }
 # A second PostgreSQL server (tests/second_server.py), for the tests of queues spread over
-# several databases (tests/test_multidb.py); absent when none can be had.
+# several databases (tests/process/test_multidb.py); absent when none can be had.
 _second = second_server.database_config(DATABASES["default"]["TEST"]["NAME"])
 if _second is not None:
     DATABASES["second"] = _second
@@ -81,7 +81,7 @@ TASKS = {
         "BACKEND": "django_pgtasks.backend.PgTasksBackend",
         "QUEUES": ["default", "emails"],
     },
-    # Django's own backend, for the contract tests (tests/test_backend_contract.py).
+    # Django's own backend, for the contract tests (tests/integration/test_backend_contract.py).
     "immediate": {
         "BACKEND": f"{TASKS_MODULE}.backends.immediate.ImmediateBackend",
         "QUEUES": ["default", "emails"],

@@ -1,4 +1,4 @@
-"""The test settings with queues spread over two PostgreSQL servers (tests/test_multidb.py).
+"""The test settings with queues spread over two PostgreSQL servers (tests/process/test_multidb.py).
 
 ``reports`` and ``exports`` live on the database alias ``second`` (tests/second_server.py);
 every other queue stays on ``default``. Child processes of the multi-database tests run with

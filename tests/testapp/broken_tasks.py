@@ -1,7 +1,7 @@
 """Task handlers whose module fails to import while ``PGTASKS_TEST_BREAK_IMPORT`` is set.
 
-For the tests of task names (``tests/test_task_names.py``): with the variable unset the module
-imports like any other, so it can be made to fail and then to succeed in one process.
+For the tests of task names (``tests/process/test_task_names.py``): with the variable unset
+the module imports like any other, so it can be made to fail and then to succeed in one process.
 
 - ``raise``: the module raises ``RuntimeError`` after its handlers are registered, as a module
   that breaks half-way through its import does.

@@ -1,5 +1,5 @@
-"""Handlers for the lifecycle tests (tests/test_lifecycle.py): outputs PostgreSQL cannot store,
-exceptions whose text cannot be encoded, runs that lose their database connection."""
+"""Handlers for the lifecycle tests (tests/chaos/test_lifecycle.py): outputs PostgreSQL cannot
+store, exceptions whose text cannot be encoded, runs that lose their database connection."""
 
 from __future__ import annotations
 

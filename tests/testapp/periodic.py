@@ -1,4 +1,4 @@
-"""Sample handlers for the periodic-task tests (``tests/test_scheduling.py``).
+"""Sample handlers for the periodic-task tests (``tests/integration/test_scheduling.py``).
 
 Deliberately not named ``tasks.py``: nothing here is autodiscovered, and none of these
 handlers declares a schedule, so no other test's workers ever produce periodic runs. The tests

@@ -32,8 +32,7 @@ from django.db import connection
 from psycopg import sql
 
 from django_pgtasks.conf import DEFAULTS
-
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```(?P<lang>[\w{}-]*)[^\n]*\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)

@@ -31,8 +31,7 @@ from psycopg import sql
 
 from django_pgtasks import dev
 from django_pgtasks.conf import DEFAULTS
-
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "example_project"
 FLAKY_DOMAIN = "@flaky.example"

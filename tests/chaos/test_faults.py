@@ -15,8 +15,8 @@ import pytest
 from django.db import connection, connections
 
 from django_pgtasks.models import Task, WorkerProcess
+from tests.helpers import Output, terminate_worker_backends, wait_until
 from tests.proxy import FlakyProxy
-from tests.test_run_pgtasks import Output, wait_until
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -29,13 +29,6 @@ def worker_backends() -> int:
         return cursor.fetchone()[0]
 
 
-def terminate_worker_backends() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE application_name = 'pgtasks worker' AND datname = current_database()"
-        )
-        return cursor.fetchone()[0]
 
 
 def test_worker_survives_terminated_backends_while_idle_and_while_busy(start_command) -> None:

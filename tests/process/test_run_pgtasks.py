@@ -5,44 +5,18 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import threading
 import time
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from django_pgtasks.models import Status, Task
-from tests.helpers import wait_until
+from tests.helpers import Output, wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class Output:
-    """Collects a child's output lines in the background so tests can wait for one."""
-
-    def __init__(self, process: subprocess.Popen) -> None:
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
-        self._thread.start()
-
-    def _read(self, process: subprocess.Popen) -> None:
-        for line in process.stdout:
-            self.lines.append(line)
-
-    def wait_for(self, pattern: str, timeout: float = 30, after: int = 0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.lines[after:]:
-                if match := re.search(pattern, line):
-                    return match
-            time.sleep(0.05)
-        raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(self.lines)}")
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
 
 
 @pytest.mark.parametrize(

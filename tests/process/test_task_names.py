@@ -33,7 +33,7 @@ backend_handler = pytest.importorskip("django_pgtasks.backend.handler")
 backend_importing = pytest.importorskip("django_pgtasks.backend.importing")
 backend_resolver = pytest.importorskip("django_pgtasks.backend.resolver")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BROKEN = "tests.testapp.broken_tasks"
 #: A module of an installed app that does not exist in this code.
 NOT_DEPLOYED = "tests.testapp.not_deployed_yet"

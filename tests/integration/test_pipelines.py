@@ -12,7 +12,7 @@ from django.db.models import Count
 
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker.loop import Worker
-from tests.test_run_pgtasks import Output
+from tests.helpers import Output
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 

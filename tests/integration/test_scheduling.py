@@ -43,7 +43,7 @@ from django_pgtasks.signals import task_enqueued
 from django_pgtasks.worker.loop import Worker
 from tests.testapp.models import Execution
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "howto" / "periodic.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "howto" / "periodic.md"
 TICK = "tests.testapp.periodic.tick"
 db = pytest.mark.django_db(transaction=True)
 P = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)

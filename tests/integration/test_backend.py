@@ -517,7 +517,7 @@ def test_aenqueue_inserts_with_the_async_orm() -> None:
 
 def test_documented_migration_from_django_tasks_db() -> None:
     """The SQL in docs/django-tasks.md moves waiting django-tasks-db tasks, as printed there."""
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "django-tasks.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "django-tasks.md").read_text()
     [statement] = re.findall(r"```sql\n(.*?)```", docs, re.DOTALL)
     with connection.cursor() as cursor:
         # The columns of django-tasks-db's DBTaskResult that the statement reads.

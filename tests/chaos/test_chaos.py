@@ -28,9 +28,7 @@ from django.db import connections
 from django.db.models import Count
 
 from django_pgtasks.models import Task
-from tests.helpers import wait_until
-from tests.test_faults import terminate_worker_backends
-from tests.test_run_pgtasks import Output
+from tests.helpers import Output, terminate_worker_backends, wait_until
 from tests.testapp import lifecycle, tasks
 from tests.testapp.models import Execution
 

@@ -35,7 +35,8 @@ PASSWORD = "browser-test-password"
 
 
 def _skip(reason: str) -> None:
-    print(f"\ntests/test_browser.py skipped: {reason}")  # shown with -s, and in -ra's summary
+    # Shown with -s, and in -ra's summary.
+    print(f"\ntests/integration/test_browser.py skipped: {reason}")
     pytest.skip(reason)
 
 

@@ -1,0 +1,2 @@
+"""Fault and load tests: killed workers and backends, held locks, a restarted server, many
+threads and processes."""

@@ -1,0 +1,1 @@
+"""Tests on a real PostgreSQL database, in the test process (threads included)."""

@@ -1,0 +1,1 @@
+"""Tests that start `manage.py` processes (workers, the demo, the docs' commands)."""

@@ -1,0 +1,1 @@
+"""Tests of pure Python: no database, no processes."""
