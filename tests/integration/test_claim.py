@@ -215,3 +215,26 @@ def test_claim_uses_the_partial_index_on_a_large_table() -> None:
     best = (Task.objects.due().filter(queue="default").exclude(pk=task.pk)
             .order_by("-priority").values_list("priority", flat=True).first())
     assert task.priority >= best
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_turn_claims_and_records_a_batch_in_two_statements() -> None:
+    """The loop's share of ten tasks: one claim, one UPDATE for all ten successes (pinned, as
+    a regression guard: a per-task query here would cost a round trip per task)."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_pgtasks.lifecycle.transitions import Recorder, Succeeded
+
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(10))
+    recorder = Recorder("default")
+    with CaptureQueriesContext(connection) as captured:
+        claimed = Task.objects.claim("w", queues=["default"], limit=10)
+        written = recorder.record([(task, Succeeded(None)) for task in claimed])
+    sql = [q["sql"] for q in captured.captured_queries]
+    assert len(claimed) == 10
+    assert set(written.values()) == {Status.SUCCESSFUL}
+    # BEGIN, the claim, COMMIT; then the batch's UPDATE in autocommit.
+    assert len(sql) == 4, [s[:60] for s in sql]
+    assert (sql[0], sql[2]) == ("BEGIN", "COMMIT")
+    assert "FOR UPDATE SKIP LOCKED" in sql[1]
+    assert sql[3].lstrip().startswith("UPDATE pgtasks_task"), sql[3]
