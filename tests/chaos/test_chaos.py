@@ -27,7 +27,7 @@ import pytest
 from django.db import connections
 from django.db.models import Count
 
-from django_pgtasks.models import Task
+from django_pgtasks.models import Task, WorkerProcess
 from tests.helpers import Output, terminate_worker_backends, wait_until
 from tests.testapp import lifecycle, tasks
 from tests.testapp.models import Execution
@@ -119,6 +119,11 @@ def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_com
             assert terminated >= WORKERS
         time.sleep(0.2)
     elapsed = time.monotonic() - started
+    # A replacement may still be starting up: a worker that has not registered has not yet
+    # installed its signal handlers, and SIGTERM would end it as it ends any process.
+    alive = {w for w, (p, _) in processes.items() if p.poll() is None}
+    wait_until(lambda: alive <= set(WorkerProcess.objects.values_list("name", flat=True)), 60,
+               "every live worker to have started")
     for process, out in processes.values():
         if process.poll() is None:
             process.terminate()

@@ -95,11 +95,12 @@ def test_tasks_past_the_grace_period_are_given_back_without_spending_an_attempt(
     assert len(Task.objects.claim("next-worker")) == 1  # due at once, not after a timeout
 
 
-def test_second_signal_exits_at_once(start_command) -> None:
-    task = Task.objects.enqueue(tasks.sleepy, 60)
+def test_second_signal_exits_at_once(start_command, tmp_path) -> None:
+    marker = tmp_path / "started"
+    task = Task.objects.enqueue(tasks.waits_for, str(tmp_path / "never"), 60, str(marker))
     process = start_command("run_pgtasks", "--shutdown-grace", "120")
     out = Output(process)
-    wait_until(lambda: Task.objects.running().exists())
+    wait_until(marker.exists, what="the handler to start")  # claimed is not yet running
     process.send_signal(signal.SIGINT)
     out.wait_for("SIGINT received")
     started = time.monotonic()

@@ -99,11 +99,14 @@ def sleepy(seconds: float) -> None:
 
 
 @pgtask
-def waits_for(path: str, timeout: float = 60) -> None:
-    """Runs until the file ``path`` exists (a test opens the gate when it is ready)."""
+def waits_for(path: str, timeout: float = 60, started: str | None = None) -> None:
+    """Runs until the file ``path`` exists (a test opens the gate when it is ready); creates
+    the file ``started``, if given, as soon as it runs."""
     import os
     import time
 
+    if started is not None:
+        open(started, "w").close()
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
         if time.monotonic() > deadline:
