@@ -1,0 +1,124 @@
+"""Starting workers for ``run_pgtasks``: which worker runs on which database, and how many.
+
+The command parses and checks its options, then calls :func:`worker_groups` and :func:`run`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from django_pgtasks.base.budget import (
+    SERVER_LIMITS_SQL,
+    advice,
+    available_connections,
+    connections_needed,
+)
+from django_pgtasks.base.routing import database_for_queue, queue_databases, queues_on
+from django_pgtasks.base.sessions import open_connection
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.worker.supervisor import configure_logging
+
+logger = logging.getLogger("django_pgtasks.run_pgtasks")
+
+#: application_name of every database session a run_pgtasks process opens.
+WORKER_APPLICATION_NAME = "pgtasks worker"
+
+
+def warn_if_over_budget(alias: str, processes: int, threads: int) -> None:
+    """Log a WARNING when ``processes`` worker processes of ``threads`` threads may need more
+    connections to ``alias`` than its server accepts (:mod:`django_pgtasks.base.budget`)."""
+    if connections[alias].vendor != "postgresql":
+        return  # the worker refuses such a database itself (and check E002 reports it)
+    try:
+        # A connection of its own, closed at once: nothing opened here outlives the start-up
+        # or is shared with the workers (or with a pool they would inherit).
+        with open_connection(alias) as conn:
+            max_connections, superuser_reserved, reserved = conn.execute(
+                SERVER_LIMITS_SQL
+            ).fetchone()
+    except psycopg.Error as exc:
+        logger.info("Connection budget not checked: database=%s could not be read: %s",
+                    alias, str(exc).strip())
+        return
+    available = available_connections(max_connections, superuser_reserved, reserved)
+    needed = connections_needed(processes, threads, connections[alias].settings_dict)
+    if needed > available:
+        logger.warning(
+            "Connection budget exceeded: database=%s processes=%d concurrency=%d need up to "
+            "%d connections, but the server accepts %d (max_connections=%d minus %d "
+            "reserved); busy workers may fail with 'too many clients'. %s",
+            alias, processes, threads, needed, available, max_connections,
+            superuser_reserved + reserved, advice(alias, processes, available),
+        )
+
+
+def worker_groups(worker_options: dict[str, Any], database: str | None,
+                  note: Callable[[str], object]) -> list[dict[str, Any]]:
+    """The worker options for each database to serve (one entry per database).
+
+    ``database``: serve only that alias (``--database``); ``note`` reports a remark to the
+    operator. Raises ``ImproperlyConfigured`` for a queue on an alias that does not exist.
+    """
+    queues = worker_options["queues"]
+    if database:
+        database = worker_options["using"]
+            # The queues this database holds; one that holds none serves them all (for tasks
+        # put there with ``enqueue(..., using=...)``).
+        held = queues_on(database)
+        if queues is None:
+            worker_options["queues"] = held or None
+        elif held and (elsewhere := [q for q in queues if q not in held]):
+            # Allowed, for the tasks a queue left behind when it moved to another database.
+            note(
+                f"Queue(s) {', '.join(elsewhere)} are configured on another database than "
+                f"{database!r} (PGTASKS['QUEUES']); serving the tasks they have there."
+            )
+        return [worker_options]
+    selected = queues or pgtasks_settings.queue_names
+    groups = []
+    for database in queue_databases():
+        on_database = [q for q in selected if database_for_queue(q) == database]
+        if on_database:
+            groups.append(dict(worker_options, using=database, queues=on_database))
+    for group in groups:
+        if group["using"] not in settings.DATABASES:
+            raise ImproperlyConfigured(
+                f"Queue(s) {', '.join(group['queues'])} are on database "
+                f"{group['using']!r}, which is not an alias in DATABASES "
+                f"({', '.join(settings.DATABASES)})."
+            )
+    return groups or [worker_options]
+
+
+def run(groups: list[dict[str, Any]], processes: int, log_level: str) -> int:
+    """Run the workers of ``groups`` (``processes`` per database) until they stop; return the
+    exit code. One group of one process runs in this process; more run under a supervisor."""
+    configure_logging(log_level)
+    # Name the worker's database sessions (libpq reads PGAPPNAME) so that operators can
+    # tell them apart in pg_stat_activity.
+    os.environ.setdefault("PGAPPNAME", WORKER_APPLICATION_NAME)
+    for group in groups:
+        warn_if_over_budget(
+            group["using"], processes, group["concurrency"] or pgtasks_settings.CONCURRENCY
+        )
+    if processes > 1 or len(groups) > 1:
+        from django_pgtasks.worker.supervisor import Supervisor
+
+        code = Supervisor(processes, groups, log_level).run()
+    else:
+        from django_pgtasks.worker.loop import Worker
+
+        code = Worker(**groups[0]).run()
+        if code:
+            # Handler threads past the grace period cannot be joined; leave without them.
+            logging.shutdown()
+            os._exit(code)
+    return code
