@@ -20,7 +20,7 @@ from tests.testapp.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-N_TASKS = 10_000
+N_TASKS = 4_000
 
 
 def run_workers_in_threads(worker_class: type[Worker], n: int) -> list[Worker]:
@@ -33,7 +33,7 @@ def execution_counts() -> tuple[int, int]:
     return total, distinct
 
 
-def test_10000_tasks_8_worker_threads_run_each_task_exactly_once() -> None:
+def test_4000_tasks_8_worker_threads_run_each_task_exactly_once() -> None:
     Task.objects.enqueue_many(tasks.log_execution.build() for _ in range(N_TASKS))
     started = time.monotonic()
     workers = run_workers_in_threads(Worker, 8)
@@ -68,7 +68,7 @@ def test_the_same_test_finds_duplicates_when_the_claim_does_not_lock() -> None:
     assert total > distinct  # some tasks ran more than once
 
 
-def test_10000_tasks_4_worker_processes_run_each_task_exactly_once(start_command) -> None:
+def test_4000_tasks_4_worker_processes_run_each_task_exactly_once(start_command) -> None:
     Task.objects.enqueue_many(tasks.log_execution.build() for _ in range(N_TASKS))
     started = time.monotonic()
     processes = [
