@@ -2,7 +2,8 @@
 
 :mod:`django_pgtasks.base.schedules` holds the schedules as values and their calendar
 arithmetic (pure, imported by the registry at definition time);
-:mod:`.job` collects the declarations and runs the scheduler job the workers run.
+:mod:`.declarations` collects and checks the declared schedules and plans their runs;
+:mod:`.job` is the scheduler job the workers run.
 """
 
 from django_pgtasks.base.schedules import (
@@ -15,7 +16,7 @@ from django_pgtasks.base.schedules import (
     format_period,
     parse_when,
 )
-from django_pgtasks.scheduling.job import (
+from django_pgtasks.scheduling.declarations import (
     Declaration,
     Plan,
     Problem,
@@ -23,10 +24,8 @@ from django_pgtasks.scheduling.job import (
     declared_names,
     plan,
     planned_at,
-    produce,
-    run_scheduler,
-    sync,
 )
+from django_pgtasks.scheduling.job import produce, run_scheduler, sync
 
 __all__ = [
     "MISSED_RUNS_POLICIES", "Cron", "Declaration", "Every", "Plan", "Problem", "When",

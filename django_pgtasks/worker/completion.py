@@ -5,7 +5,7 @@ a pool thread would wait for it before starting its next task, holding a databas
 for nothing but that. Instead a pool thread hands its task's outcome in here and moves on; the
 worker's loop, on the connection it already has for claims, records everything handed in
 within ``COMPLETION_WINDOW`` seconds (at most ``COMPLETION_BATCH`` per statement) through its
-:class:`~django_pgtasks.lifecycle.transitions.Recorder`, which splits a batch the database refuses
+:class:`~django_pgtasks.lifecycle.recorder.Recorder`, which splits a batch the database refuses
 so
 only the culprit fails. The handler's callbacks then run on a pool thread again.
 

@@ -39,10 +39,9 @@ from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import (
     WorkerShutdown,
 )
+from django_pgtasks.lifecycle.recorder import Recorder, close_connection
 from django_pgtasks.lifecycle.transitions import (
     Interrupted,
-    Recorder,
-    close_connection,
 )
 from django_pgtasks.models import Task
 from django_pgtasks.scheduling import job as scheduling  # noqa: F401 (importing registers their jobs)

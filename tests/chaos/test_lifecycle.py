@@ -16,7 +16,8 @@ import pytest
 from django.db import connection, connections
 
 from django_pgtasks.base.errors import is_connection_loss, is_transient
-from django_pgtasks.lifecycle.transitions import Failed, Interrupted, Recorder, Succeeded
+from django_pgtasks.lifecycle.recorder import Recorder
+from django_pgtasks.lifecycle.transitions import Failed, Interrupted, Succeeded
 from django_pgtasks.models import Status, Task
 from django_pgtasks.signals import task_started
 from django_pgtasks.worker.loop import Worker

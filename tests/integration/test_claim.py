@@ -223,7 +223,8 @@ def test_a_worker_turn_claims_and_records_a_batch_in_two_statements() -> None:
     a regression guard: a per-task query here would cost a round trip per task)."""
     from django.test.utils import CaptureQueriesContext
 
-    from django_pgtasks.lifecycle.transitions import Recorder, Succeeded
+    from django_pgtasks.lifecycle.recorder import Recorder
+    from django_pgtasks.lifecycle.transitions import Succeeded
 
     Task.objects.enqueue_many(tasks.noop.build() for _ in range(10))
     recorder = Recorder("default")
