@@ -84,7 +84,7 @@ class Output:
         for line in process.stdout:
             self.lines.append(line)
 
-    def wait_for(self, pattern: str, timeout: float = 30, after: int = 0) -> re.Match:
+    def wait_for(self, pattern: str, timeout: float = 90, after: int = 0) -> re.Match:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in self.lines[after:]:

@@ -40,7 +40,7 @@ def test_worker_survives_terminated_backends_while_idle_and_while_busy(start_com
     wait_until(lambda: worker_backends() == 2, timeout=30, what="the worker's two sessions")
     assert terminate_worker_backends() == 2
     first = Task.objects.enqueue_many(tasks.noop.build() for _ in range(20))
-    wait_until(lambda: Task.objects.succeeded().count() == len(first), timeout=30)
+    wait_until(lambda: Task.objects.succeeded().count() == len(first), timeout=90)
     # Busy: terminated while handlers run and before their completions are written.
     busy = Task.objects.enqueue_many(tasks.sleepy.build(0.5) for _ in range(8))
     wait_until(lambda: Task.objects.running().count() == 4)
@@ -61,7 +61,7 @@ def test_worker_rides_out_the_database_going_away(start_command, subprocess_env)
         Task.objects.enqueue_many(tasks.sleepy.build(0.3) for _ in range(40))
         process = start_command("run_pgtasks", "--concurrency", "4", "--worker-id", "rider")
         out = Output(process)
-        wait_until(lambda: Task.objects.succeeded().count() >= 8, timeout=30)
+        wait_until(lambda: Task.objects.succeeded().count() >= 8, timeout=90)
         # The server "restarts": every session ends, and for 3 seconds nobody can connect.
         assert proxy.cut(3.0) >= 2
         time.sleep(3.5)
@@ -85,7 +85,7 @@ def test_worker_survives_a_real_server_restart(start_command) -> None:
     Task.objects.enqueue_many(tasks.sleepy.build(0.3) for _ in range(40))
     process = start_command("run_pgtasks", "--concurrency", "4", "--worker-id", "restart")
     out = Output(process)
-    wait_until(lambda: Task.objects.succeeded().count() >= 8, timeout=30)
+    wait_until(lambda: Task.objects.succeeded().count() >= 8, timeout=90)
     version = sorted(os.listdir("/etc/postgresql"))[-1]
     subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart",
                     "--", "-m", "fast"], check=True, timeout=120)
