@@ -34,9 +34,9 @@ from tests.testapp.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-N_TASKS = 8_000
+N_TASKS = 5_000
 #: Tasks of the one-attempt modes.
-N_SMALL = 3_000
+N_SMALL = 2_000
 WORKERS = 4
 KILL_EVERY = 1.5
 TIME_LIMIT = 400

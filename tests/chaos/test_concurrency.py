@@ -60,7 +60,7 @@ class NonLockingWorker(Worker):
 
 def test_the_same_test_finds_duplicates_when_the_claim_does_not_lock() -> None:
     """Proves the exactly-once assertion above can fail."""
-    n = 2_000
+    n = 500
     Task.objects.enqueue_many(tasks.log_execution.build() for _ in range(n))
     run_workers_in_threads(NonLockingWorker, 8)
     total, distinct = execution_counts()
@@ -102,7 +102,7 @@ def test_exactly_once_mode_with_worker_processes(start_command) -> None:
 
 def test_a_handler_raising_at_random_under_load_ends_every_task_with_the_right_attempts(
 ) -> None:
-    n = 2_000
+    n = 500
     Task.objects.enqueue_bulk(tasks.divide_sometimes, [(i,) for i in range(n)])
     run_workers_in_threads(Worker, 4)
     executions = dict(Execution.objects.values_list("task_id").annotate(n=Count("id")))
