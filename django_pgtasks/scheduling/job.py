@@ -44,19 +44,9 @@ from django_pgtasks.base.schedules import (
 )
 from django_pgtasks.scheduling.declarations import (
     Declaration,
-    Plan,
-    Problem,
-    check,
     collect,
-    declared_names,
     plan,
-    planned_at,
 )
-
-__all__ = [
-    "Declaration", "Plan", "Problem", "check", "collect", "declared_names", "plan",
-    "planned_at", "produce", "run_scheduler", "sync",
-]
 
 logger = logging.getLogger("django_pgtasks.scheduling")
 
