@@ -236,7 +236,7 @@ def check_retention(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
     """Periodic tasks: ``SCHEDULE``, ``SCHEDULER_INTERVAL``, ``MISSED_RUNS``."""
     from django_pgtasks.base.schedules import MISSED_RUNS_POLICIES
-    from django_pgtasks.scheduling.job import check
+    from django_pgtasks.scheduling.declarations import check
 
     errors: list[Error | Warning] = []
     interval = pgtasks_settings.SCHEDULER_INTERVAL

@@ -46,7 +46,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        from django_pgtasks.scheduling.job import declared_names
+        from django_pgtasks.scheduling.declarations import declared_names
 
         # One subquery per column rather than a query per row: the last task's status, from
         # the task table or, once purged there, from the archive.

@@ -41,7 +41,6 @@ from django_pgtasks.lifecycle.transitions import (
     write,
 )
 from django_pgtasks.models import Status, Task
-from django_pgtasks.scheduling import job as scheduling  # noqa: F401 (importing registers their jobs)
 from django_pgtasks.signals import task_finished, task_started
 
 logger = logging.getLogger("django_pgtasks.worker")

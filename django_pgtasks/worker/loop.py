@@ -44,7 +44,11 @@ from django_pgtasks.lifecycle.transitions import (
     Interrupted,
 )
 from django_pgtasks.models import Task
-from django_pgtasks.scheduling import job as scheduling  # noqa: F401 (importing registers their jobs)
+
+# The side jobs every worker runs between claims register themselves when their module is
+# imported: rescue (worker/liveness.py, imported below), purge and scheduler (these two).
+from django_pgtasks.patterns import retention  # noqa: F401
+from django_pgtasks.scheduling import job as scheduler  # noqa: F401
 from django_pgtasks.worker.completion import PendingOutcomes
 from django_pgtasks.worker.execution import TaskExecution
 from django_pgtasks.worker.listener import Listener

@@ -25,7 +25,6 @@ from django_pgtasks.lifecycle.transitions import (
     Failed,
 )
 from django_pgtasks.models import Task
-from django_pgtasks.scheduling import job as scheduling  # noqa: F401 (importing registers their jobs)
 from django_pgtasks.worker.listener import Listener
 from django_pgtasks.worker.pool import ThreadPool
 

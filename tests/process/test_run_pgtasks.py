@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -140,3 +142,16 @@ def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0, out.text
     assert "All worker processes stopped." in out.text
+
+
+def test_a_worker_process_runs_every_side_job(subprocess_env) -> None:
+    """Rescue, purge and scheduler register when their modules are imported: a fresh process
+    that loads the worker (as run_pgtasks does) must have all three, not only those some
+    other import happened to load."""
+    code = ("import django; django.setup(); import django_pgtasks.worker.loop; "
+            "from django_pgtasks.base import maintenance; "
+            "print(sorted(job.name for job in maintenance.jobs()))")
+    process = subprocess.run([sys.executable, "-c", code], env=subprocess_env,
+                             capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stderr
+    assert process.stdout.strip() == "['purge', 'rescue', 'scheduler']"
