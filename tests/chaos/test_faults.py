@@ -76,11 +76,15 @@ def test_worker_rides_out_the_database_going_away(start_command, subprocess_env)
 
 
 RESTART = os.environ.get("PGTASKS_TEST_RESTART_SERVER") == "1"
+# Other test processes (pytest-xdist) would lose their server in the middle of their tests.
+ALONE = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1
 
 
 @pytest.mark.skipif(not RESTART or not shutil.which("pg_ctlcluster"),
                     reason="restarts the PostgreSQL server: set PGTASKS_TEST_RESTART_SERVER=1 "
                            "on a machine whose local cluster may be restarted (CI does)")
+@pytest.mark.skipif(not ALONE, reason="restarts the server every test uses: run it on its own "
+                                      "(-n 0), as CI does after the suite")
 def test_worker_survives_a_real_server_restart(start_command) -> None:
     Task.objects.enqueue_many(tasks.sleepy.build(0.3) for _ in range(40))
     process = start_command("run_pgtasks", "--concurrency", "4", "--worker-id", "restart")
