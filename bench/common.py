@@ -94,8 +94,8 @@ def ensure_peers_venv(log=print) -> dict[str, str]:
     out = subprocess.run(
         [str(peers_python()), "-c",
          "import importlib.metadata as m\n"
-         "for n in ('procrastinate', 'django-tasks-db', 'django-tasks', 'Django', "
-         "'psycopg', 'py-spy'):\n"
+         "for n in ('pgqueuer', 'asyncpg', 'procrastinate', 'django-tasks-db', "
+         "'django-tasks', 'Django', 'psycopg', 'py-spy'):\n"
          "    print(n, m.version(n))"],
         check=True, capture_output=True, text=True).stdout
     return dict(line.split(" ", 1) for line in out.splitlines())

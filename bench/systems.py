@@ -7,6 +7,7 @@ finished. bench/run.py drives them all the same way.
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import tempfile
 import threading
@@ -25,6 +26,7 @@ from common import (
 )
 
 PGTASKS_NAME = "bench.noop"
+PGQUEUER_APP = "bench.peers.pgqueuer_app"
 DJTASKS_PATH = "bench.peers.djtasks_tasks.noop"
 
 
@@ -300,6 +302,68 @@ class DjTasksDb(System):
         return [float(r[0]) for r in rows]
 
 
+class PgQueuer(System):
+    """pgqueuer with its asyncpg driver and an ``async def`` no-op entrypoint.
+
+    A configuration ``PxB`` is P processes with ``batch_size`` B (pgqueuer has no thread
+    count: its jobs run as tasks of one event loop per process); ``default`` is one process
+    with pgqueuer's default batch of 10. pgqueuer deletes a finished job and keeps its history
+    in ``pgqueuer_log`` (one row per state change, with the database clock).
+    """
+
+    name = "pgqueuer"
+    app_name = "bench pgqueuer"
+    default_concurrency = 10  # its batch_size default
+
+    def commands(self, config: Config) -> list[list[str]]:
+        cmd = [str(peers_python()), "-m", PGQUEUER_APP]
+        if config.concurrency:
+            cmd += ["--batch-size", str(config.concurrency)]
+        return [cmd] * config.processes
+
+    def ready(self, conn, config: Config) -> bool:
+        listening = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = "
+            "%s AND query LIKE 'LISTEN%%'", [self.dbname, self.app_name]).fetchone()[0]
+        return listening >= config.processes
+
+    def reset(self, conn) -> None:
+        conn.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")
+
+    def seed(self, conn, n: int) -> None:
+        conn.execute("INSERT INTO pgqueuer (priority, status, entrypoint) "
+                     "SELECT 0, 'queued', 'noop' FROM generate_series(1, %s)", [n])
+
+    def remaining(self, conn) -> int:
+        return conn.execute("SELECT count(*) FROM pgqueuer").fetchone()[0]
+
+    def window(self, conn) -> tuple[int, float]:
+        done, seconds = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'successful'), extract(epoch FROM "
+            "max(created) FILTER (WHERE status = 'successful') - min(created) FILTER (WHERE "
+            "status = 'picked')) FROM pgqueuer_log").fetchone()
+        return done, float(seconds or 0)
+
+    def enqueue_one(self, conn) -> object:
+        # What Queries.enqueue() sends, for one job: the row and its 'queued' log entry.
+        return conn.execute(
+            "WITH job AS (INSERT INTO pgqueuer (priority, status, entrypoint) VALUES "
+            "(0, 'queued', 'noop') RETURNING id, priority, entrypoint), logged AS (INSERT INTO "
+            "pgqueuer_log (job_id, status, entrypoint, priority) SELECT id, 'queued', "
+            "entrypoint, priority FROM job) SELECT id FROM job").fetchone()[0]
+
+    def started(self, conn, key: object) -> bool:
+        return conn.execute("SELECT EXISTS (SELECT 1 FROM pgqueuer_log WHERE job_id = %s AND "
+                            "status = 'picked')", [key]).fetchone()[0]
+
+    def latencies_ms(self, conn) -> list[float]:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM p.created - q.created) * 1000 FROM pgqueuer_log q "
+            "JOIN pgqueuer_log p ON p.job_id = q.job_id AND p.status = 'picked' "
+            "WHERE q.status = 'queued' ORDER BY q.job_id")
+        return [float(r[0]) for r in rows]
+
+
 # -- the raw-SQL ceiling ---------------------------------------------------------------------
 
 CEILING_CLAIM = """
@@ -314,30 +378,55 @@ CEILING_DONE = ("UPDATE pgtasks_task SET status = 'SUCCESSFUL', finished_at = no
                 "locked_at = NULL WHERE id = ANY(%s) AND status = 'RUNNING' AND locked_by = %s")
 
 
-def raw_drain(dbname: str, threads: int, batch: int, max_seconds: float) -> float:
+def _raw_loop(dbname: str, me: str, batch: int, max_seconds: float, go=None) -> None:
+    with connect(dbname) as conn:
+        if go is not None:  # every process connected before the first claim
+            go.wait()
+        deadline = time.monotonic() + max_seconds
+        while ids := [r[0] for r in conn.execute(CEILING_CLAIM, [me, batch])]:
+            conn.execute(CEILING_DONE, [ids, me])
+            if time.monotonic() > deadline:
+                break
+
+
+def raw_drain(dbname: str, workers: int, batch: int, max_seconds: float,
+              processes: bool = True) -> float:
     """Plain psycopg loops on django-pgtasks' table: claim ``batch`` tasks in one statement
-    (autocommit), complete them in one guarded UPDATE; no handler, no ORM. Stops when the
-    queue is empty or after ``max_seconds``. Returns the CPU seconds this process spent."""
+    (autocommit), complete them in one guarded UPDATE; no handler, no ORM. ``workers`` loops
+    run as separate processes (like a real deployment), or as threads of this process
+    (``processes=False``, where the GIL caps them). Stops when the queue is empty or after
+    ``max_seconds``. Returns the CPU seconds the loops spent."""
+    if processes:
+        import multiprocessing
+
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        ctx = multiprocessing.get_context("spawn")
+        go = ctx.Barrier(workers + 1)
+        procs = [ctx.Process(target=_raw_loop, args=(dbname, f"raw-{i}", batch, max_seconds, go))
+                 for i in range(workers)]
+        for p in procs:
+            p.start()
+        go.wait(timeout=60)
+        for p in procs:
+            p.join()
+        if any(p.exitcode for p in procs):
+            raise RuntimeError(f"a raw loop failed: exit codes {[p.exitcode for p in procs]}")
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     cpu = self_cpu()
     errors: list[BaseException] = []
-    deadline = time.monotonic() + max_seconds
 
     def loop(i: int) -> None:
         try:
-            with connect(dbname) as conn:
-                me = f"raw-{i}"
-                while ids := [r[0] for r in conn.execute(CEILING_CLAIM, [me, batch])]:
-                    conn.execute(CEILING_DONE, [ids, me])
-                    if time.monotonic() > deadline:
-                        break
+            _raw_loop(dbname, f"raw-{i}", batch, max_seconds)
         except BaseException as exc:  # reported by the caller
             errors.append(exc)
 
-    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     if errors:
         raise errors[0]
     return self_cpu() - cpu

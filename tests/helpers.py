@@ -31,11 +31,29 @@ def all_finished() -> bool:
 
 
 def stop_processes(processes: Iterable[subprocess.Popen], timeout: float = 120) -> list[str]:
-    """SIGTERM each worker process, wait for it, and return what each one printed."""
+    """SIGTERM each worker process, wait for it, and return what each one printed.
+
+    A process still running after ``timeout`` fails the test with what it printed, including
+    the stacks of all its threads (``SIGUSR1``, see worker/startup.py), and is killed.
+    """
     processes = list(processes)
     for process in processes:
         process.send_signal(signal.SIGTERM)
-    return [process.communicate(timeout=timeout)[0] for process in processes]
+    outputs = []
+    for process in processes:
+        try:
+            outputs.append(process.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGUSR1)
+            try:
+                out = process.communicate(timeout=5)[0]
+            except subprocess.TimeoutExpired as exc:
+                out = exc.output
+            process.kill()
+            raise AssertionError(
+                f"Worker {process.args} did not stop within {timeout:g}s of SIGTERM; its "
+                f"output and thread stacks:\n{out!s:.20000}") from None
+    return outputs
 
 
 def run_workers(workers: list[Worker], until: Callable[[], bool] | None = None,

@@ -5,8 +5,10 @@ The command parses and checks its options, then calls :func:`worker_groups` and 
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -102,6 +104,10 @@ def run(groups: list[dict[str, Any]], processes: int, log_level: str) -> int:
     """Run the workers of ``groups`` (``processes`` per database) until they stop; return the
     exit code. One group of one process runs in this process; more run under a supervisor."""
     configure_logging(log_level)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck worker is doing,
+    # without stopping it (the supervisor's children inherit it).
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Name the worker's database sessions (libpq reads PGAPPNAME) so that operators can
     # tell them apart in pg_stat_activity.
     os.environ.setdefault("PGAPPNAME", WORKER_APPLICATION_NAME)

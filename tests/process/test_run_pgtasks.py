@@ -112,6 +112,23 @@ def test_second_signal_exits_at_once(start_command, tmp_path) -> None:
     assert Task.objects.get(pk=task.pk).status == Status.READY
 
 
+def test_sigusr1_prints_every_thread_stack_and_the_worker_goes_on(start_command,
+                                                                   tmp_path) -> None:
+    marker, release = tmp_path / "started", tmp_path / "release"
+    task = Task.objects.enqueue(tasks.waits_for, str(release), 60, str(marker))
+    process = start_command("run_pgtasks")
+    out = Output(process)
+    wait_until(marker.exists, what="the handler to start")
+    process.send_signal(signal.SIGUSR1)
+    out.wait_for(r"Thread 0x[0-9a-f]+ \(most recent call first\)")
+    out.wait_for(r"File .*tests/testapp/tasks\.py.*in waits_for")  # the running handler
+    release.touch()
+    wait_until(lambda: Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL,
+               what="the task to finish after the dump")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0, out.text
+
+
 def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
     Task.objects.enqueue_many(tasks.sleepy.build(0.02) for _ in range(300))
     process = start_command("run_pgtasks", "--processes", "2", "--concurrency", "2",

@@ -1,0 +1,41 @@
+"""pgqueuer's side of the benchmark: one ``noop`` entrypoint and a runner.
+
+``python -m bench.peers.pgqueuer_app [--batch-size N]`` does what ``pgq run`` does (build the
+``PgQueuer``, then ``run()`` it with the given batch size; the other options keep pgqueuer's
+defaults). The ``pgq`` command line of pgqueuer 1.6 fails on its own ``--log-level`` handling
+with the click version it installs, hence this runner. The connection comes from libpq's
+``PG*`` variables (set by bench/run.py), with asyncpg, the driver pgqueuer's documentation
+leads with. pgqueuer's logging is set to WARNING, like the other workers.
+"""
+
+import argparse
+import asyncio
+import logging
+
+import asyncpg
+from pgqueuer import PgQueuer
+from pgqueuer.models import Job
+
+
+async def create() -> PgQueuer:
+    connection = await asyncpg.connect()
+    pgq = PgQueuer.from_asyncpg_connection(connection)
+
+    @pgq.entrypoint("noop")
+    async def noop(job: Job) -> None:
+        """Does nothing."""
+
+    return pgq
+
+
+async def main(batch_size: int) -> None:
+    pgq = await create()
+    await pgq.run(batch_size=batch_size)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=10)  # pgqueuer's default
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("pgqueuer").setLevel(logging.WARNING)
+    asyncio.run(main(parser.parse_args().batch_size))
