@@ -107,7 +107,10 @@ def test_a_running_task_stops_through_notify_and_ends_cancelled(worker, settings
 def test_without_notify_the_heartbeat_delivers_the_request(worker, settings) -> None:
     settings.PGTASKS = {**settings.PGTASKS, "LISTEN": False}
     w = worker()
-    assert w.listener is None
+    # The watchdog thread still runs (heartbeats, the cancellation safety net), not listening.
+    wait_until(lambda: w.listener is not None and w.listener.connected.is_set(),
+               what="the watchdog")
+    assert w.listener.listen is False
     task = Task.objects.enqueue(cooperative.polls_should_stop)
     wait_until(started(task.pk), what="the handler to start")
     Task.objects.filter(pk=task.pk).cancel()
