@@ -170,7 +170,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             errors.append(_error(f"PGTASKS[{key!r}] must be a positive integer.", "E009"))
     non_negative = ("BACKOFF_BASE", "BACKOFF_MAX", "BACKOFF_JITTER", "TASK_PAUSE",
-                    "SHUTDOWN_GRACE", "RESCUE_GRACE", "COMPLETION_WINDOW")
+                    "SHUTDOWN_GRACE", "RESCUE_GRACE", "COMPLETION_WINDOW", "PREFETCH_HORIZON")
     positive = ("POLL_INTERVAL", "ERROR_PAUSE", "ERROR_PAUSE_MAX", "HEARTBEAT_INTERVAL",
                 "WORKER_TIMEOUT", "RESCUE_INTERVAL", "CONTROLS_REFRESH")
     for key in non_negative + positive:
@@ -180,8 +180,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
             kind = "a positive" if key in positive else "a non-negative"
             errors.append(_error(f"PGTASKS[{key!r}] must be {kind} number of seconds.", "E010"))
     prefetch = pgtasks_settings.PREFETCH
-    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
-        errors.append(_error("PGTASKS['PREFETCH'] must be an integer >= 0.", "E013"))
+    if prefetch != "auto" and (not isinstance(prefetch, int) or isinstance(prefetch, bool)
+                               or prefetch < 0):
+        errors.append(_error("PGTASKS['PREFETCH'] must be 'auto' or an integer >= 0.", "E013"))
     for key in ("LISTEN", "AUTODISCOVER"):
         if not isinstance(getattr(pgtasks_settings, key), bool):
             errors.append(_error(f"PGTASKS[{key!r}] must be True or False.", "E012"))

@@ -52,8 +52,12 @@ DEFAULTS: dict[str, Any] = {
     "CONCURRENCY": 4,
     # Tasks a worker claims beyond its free threads, so the next task is at hand the moment a
     # thread frees up and claims come in batches. They show as RUNNING while they wait, and
-    # are given back at once (the attempt not counted) when the worker stops.
-    "PREFETCH": 0,
+    # are given back at once (the attempt not counted) when the worker stops. "auto": as many
+    # as its threads run in about PREFETCH_HORIZON seconds, judged by the run time of its
+    # recent tasks (none for long tasks, up to 10 per thread for very short ones).
+    "PREFETCH": "auto",
+    # Seconds of work "auto" prefetch keeps at hand: claimed tasks wait at most about this long.
+    "PREFETCH_HORIZON": 0.1,
     # Seconds successes are collected before being recorded together in one UPDATE
     # (default mode only; atomic=True handlers commit their own). 0 records each at once.
     "COMPLETION_WINDOW": 0.005,

@@ -79,6 +79,7 @@ class TaskExecution:
                 self._run_atomic(task, handler, started)
             else:
                 self._run(task, handler, started)
+            self._ran(time.monotonic() - started)
         finally:
             self._after_task()
 

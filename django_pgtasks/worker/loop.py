@@ -62,6 +62,10 @@ logger = logging.getLogger("django_pgtasks.worker")
 
 #: Most successes recorded by one batched UPDATE.
 COMPLETION_BATCH = 500
+#: ``PREFETCH = "auto"`` never holds more than this many waiting tasks per thread.
+AUTO_PREFETCH_PER_THREAD = 10
+#: Weight of the latest run in the running mean of run times that "auto" prefetch follows.
+RUN_TIME_WEIGHT = 0.1
 #: Longest pause between two claims while the database refuses connections: a worker resumes
 #: within this time once the server is back.
 RECONNECT_PAUSE_MAX = 2.0
@@ -97,7 +101,7 @@ class Worker(Watchdog, TaskExecution):
         shutdown_grace: float | None = None,
         using: str | None = None,
         parent_pid: int | None = None,
-        prefetch: int | None = None,
+        prefetch: int | str | None = None,
     ) -> None:
         s = pgtasks_settings
         self.queues = list(queues) if queues else s.queue_names
@@ -109,7 +113,11 @@ class Worker(Watchdog, TaskExecution):
         self.shutdown_grace = s.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
         self.using = using or s.DATABASE
         self.parent_pid = parent_pid
+        #: Tasks claimed beyond the free threads: a number, or "auto" (:meth:`_prefetch`).
         self.prefetch = s.PREFETCH if prefetch is None else prefetch
+        self.prefetch_horizon = s.PREFETCH_HORIZON
+        #: Running mean of this worker's run times (seconds), for "auto" prefetch.
+        self.mean_run_time: float | None = None
         #: Outcomes handed in by pool threads (and the watchdog), recorded by the loop.
         self.outcomes = PendingOutcomes(s.COMPLETION_WINDOW, COMPLETION_BATCH)
         #: Pool threads hand their outcomes in (else each records its own at once).
@@ -153,12 +161,13 @@ class Worker(Watchdog, TaskExecution):
                 recording = self.outcomes.due_in() is not None
                 # Claim when a thread is free; with prefetch, once the prefetched tasks have
                 # all started, and then enough to fill the threads and the prefetch again.
-                full = busy >= self.concurrency + (1 if self.prefetch else 0)
+                prefetch = self._prefetch()
+                full = busy >= self.concurrency + (1 if prefetch else 0)
                 if full or not (look or self._poll_due()):
                     # Until woken (new work, a free slot), the next poll, or maintenance.
                     look = self._sleep(self._idle_timeout()) or look
                     continue
-                wanted = self.concurrency + self.prefetch - busy
+                wanted = self.concurrency + prefetch - busy
                 tasks = self._claim(wanted)
                 if tasks is None:  # database error: paused already, try again
                     continue
@@ -198,6 +207,24 @@ class Worker(Watchdog, TaskExecution):
         woken = self._wakeup.wait(timeout)
         self._wakeup.clear()
         return woken
+
+    def _prefetch(self) -> int:
+        """Tasks to claim beyond the free threads. ``"auto"``: what the threads run in about
+        ``PREFETCH_HORIZON`` seconds at the recent mean run time, so that a prefetched task
+        waits about that long at most: none before a run time is known or for tasks longer
+        than the horizon, up to ``AUTO_PREFETCH_PER_THREAD`` per thread for very short ones."""
+        if self.prefetch != "auto":
+            return self.prefetch
+        mean = self.mean_run_time
+        if mean is None:
+            return 0
+        ahead = self.concurrency * self.prefetch_horizon / max(mean, 1e-6)
+        return min(int(ahead), AUTO_PREFETCH_PER_THREAD * self.concurrency)
+
+    def _ran(self, seconds: float) -> None:
+        """A pool thread ran a task for ``seconds`` (handler and hand-in): update the mean."""
+        mean = self.mean_run_time
+        self.mean_run_time = seconds if mean is None else mean + (seconds - mean) * RUN_TIME_WEIGHT
 
     def _poll_due(self) -> bool:
         """Time for the safety-net poll, or for a delayed task the listener heard of."""

@@ -79,3 +79,49 @@ def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown() ->
     rows = list(Task.objects.order_by("id").values_list("status", "attempt", "worker_ids"))
     assert rows.count((Status.SUCCESSFUL, 1, ["prefetcher"])) == 1  # the one that ran
     assert rows.count((Status.READY, 0, [])) == 5  # given back as never claimed
+
+
+def _max_busy_while_running(worker: Worker) -> list[int]:
+    """Record, as each task starts, how many tasks the worker holds in its pool (running and
+    prefetched); returns the list it fills."""
+    from django_pgtasks import signals
+
+    seen: list[int] = []
+
+    def started(sender, task, worker_id, **kw) -> None:
+        if worker_id == worker.worker_id:
+            seen.append(worker._pool.busy)
+
+    signals.task_started.connect(started, weak=False, dispatch_uid="max-busy")
+    return seen
+
+
+def test_auto_prefetch_claims_ahead_for_short_tasks() -> None:
+    from django_pgtasks import signals
+
+    Task.objects.enqueue_bulk(tasks.noop, [()] * 300)
+    worker = Worker(concurrency=2, burst=True, prefetch="auto")
+    seen = _max_busy_while_running(worker)
+    try:
+        assert worker.run(install_signals=False) == 0
+    finally:
+        signals.task_started.disconnect(dispatch_uid="max-busy")
+    assert Task.objects.succeeded().count() == 300
+    assert worker.mean_run_time is not None and worker.mean_run_time < 0.05
+    assert worker._prefetch() > 0
+    assert max(seen) > 2  # tasks were held beyond the two threads
+
+
+def test_auto_prefetch_takes_nothing_ahead_for_long_tasks() -> None:
+    from django_pgtasks import signals
+
+    Task.objects.enqueue_bulk(tasks.sleepy, [(0.3,)] * 3)
+    worker = Worker(concurrency=1, burst=True, prefetch="auto")
+    seen = _max_busy_while_running(worker)
+    try:
+        assert worker.run(install_signals=False) == 0
+    finally:
+        signals.task_started.disconnect(dispatch_uid="max-busy")
+    assert Task.objects.succeeded().count() == 3
+    assert worker._prefetch() == 0  # 0.3 s tasks are longer than PREFETCH_HORIZON
+    assert max(seen) == 1  # never more than the one running

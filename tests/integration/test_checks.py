@@ -53,11 +53,20 @@ def test_manage_py_check_fails_on_misconfiguration(settings) -> None:
         ({"POLL_INTERVAL": 0}, "E010"),
         ({"SHUTDOWN_GRACE": -1}, "E010"),
         ({"CONTROLS_REFRESH": 0}, "E010"),
+        ({"PREFETCH_HORIZON": -0.1}, "E010"),
+        ({"PREFETCH": "fast"}, "E013"),
+        ({"PREFETCH": -1}, "E013"),
     ],
 )
 def test_invalid_settings_are_reported(settings, pgtasks: dict, expected: str) -> None:
     settings.PGTASKS = pgtasks
     assert f"django_pgtasks.{expected}" in ids(check_settings())
+
+
+def test_prefetch_may_be_auto_or_a_number(settings) -> None:
+    for value in ("auto", 0, 40):
+        settings.PGTASKS = {"PREFETCH": value}
+        assert check_settings() == []
 
 
 def test_queues_may_be_a_dict(settings) -> None:

@@ -34,6 +34,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
         (["--database", "missing"], "--database 'missing' is not an alias"),
         (["--log-level", "LOUD"], "invalid choice: 'LOUD'"),
         (["--concurrency", "many"], "invalid int value: 'many'"),
+        (["--prefetch", "fast"], "'fast' is neither 'auto' nor a whole number"),
+        (["--prefetch", "-1"], "must be 'auto' or 0 or more"),
     ],
 )
 def test_invalid_options_are_clear_errors(args: list[str], message: str) -> None:
@@ -127,6 +129,33 @@ def test_sigusr1_prints_every_thread_stack_and_the_worker_goes_on(start_command,
                what="the task to finish after the dump")
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0, out.text
+
+
+def test_prefetched_tasks_of_a_killed_worker_are_rescued_and_run_once(start_command,
+                                                                      tmp_path) -> None:
+    marker, release = tmp_path / "started", tmp_path / "release"
+    blocker = Task.objects.enqueue(tasks.waits_for, str(release), 60, str(marker))
+    waiting = Task.objects.enqueue_many(tasks.add.build(i, i) for i in range(3))
+    victim = start_command("run_pgtasks", "--concurrency", "1", "--prefetch", "3",
+                           "--worker-id", "victim")
+    wait_until(marker.exists, what="the first task to start")
+    wait_until(lambda: Task.objects.held_by("victim").count() == 4,
+               what="1 running + 3 prefetched tasks")
+    victim.kill()
+    victim.wait(timeout=30)
+    assert Task.objects.held_by("victim").count() == 4  # nobody recorded anything
+    release.touch()
+    heir = start_command("run_pgtasks", "--concurrency", "1", "--worker-id", "heir")
+    out = Output(heir)
+    wait_until(lambda: Task.objects.succeeded().count() == 4, what="every task to finish")
+    heir.send_signal(signal.SIGTERM)
+    assert heir.wait(timeout=60) == 0, out.text
+    for task in Task.objects.filter(pk__in=[blocker.pk, *(t.pk for t in waiting)]):
+        # Each ran to its end once, by the heir; the dead worker's claim spent no attempt.
+        assert (task.status, task.attempt, task.interruptions) == (Status.SUCCESSFUL, 1, 1)
+        assert task.worker_ids == ["heir"]  # the interrupted attempt left no entry
+    assert sorted(Task.objects.filter(pk__in=[t.pk for t in waiting])
+                  .values_list("result", flat=True)) == [0, 2, 4]
 
 
 def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:

@@ -9,6 +9,7 @@ queues on one database run as before; queues on several run under a supervisor, 
 
 from __future__ import annotations
 
+import argparse
 import logging
 from typing import Any
 
@@ -50,9 +51,9 @@ class Command(BaseCommand):
             help=f"Worker threads per process (default: PGTASKS['CONCURRENCY'], {s.CONCURRENCY}).",
         )
         parser.add_argument(
-            "--prefetch", type=int, default=None,
-            help=f"Tasks claimed beyond the free threads (default: PGTASKS['PREFETCH'], "
-                 f"{s.PREFETCH}).",
+            "--prefetch", type=_prefetch, default=None,
+            help=f"Tasks claimed beyond the free threads: 'auto' or a number (default: "
+                 f"PGTASKS['PREFETCH'], {s.PREFETCH}).",
         )
         parser.add_argument(
             "--processes", "-p", type=int, default=1,
@@ -104,8 +105,6 @@ class Command(BaseCommand):
     def _worker_options(self, options: dict[str, Any]) -> dict[str, Any]:
         if options["concurrency"] is not None and options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1.")
-        if options["prefetch"] is not None and options["prefetch"] < 0:
-            raise CommandError("--prefetch must be 0 or more.")
         if options["processes"] < 1:
             raise CommandError("--processes must be at least 1.")
         if options["poll_interval"] == 0:
@@ -136,3 +135,17 @@ class Command(BaseCommand):
             "using": database,
             "prefetch": options["prefetch"],
         }
+
+
+def _prefetch(value: str) -> int | str:
+    """``--prefetch``: ``auto`` or a whole number, 0 or more."""
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither 'auto' nor a whole number") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError("must be 'auto' or 0 or more")
+    return number
