@@ -768,8 +768,8 @@ def markdown_report(results: dict) -> str:
         rss = f"{med(e, 'rss_mb'):.0f} MB" if "rss_mb" in e else ""
         lines.append(f"| {key} | {r['median']:,.0f} | {r['min']:,.0f}-{r['max']:,.0f} "
                      f"| {fmt(e.get('vs_raw1'), '.0%')} | {fmt(e.get('vs_raw50'), '.0%')} "
-                     f"| {fmt(e.get('vs_pgqueuer_best'), '.2f')}x "
-                     f"| {fmt(e.get('vs_pgqueuer_default'), '.2f')}x "
+                     f"| {fmt(e.get('vs_pgqueuer_best'), '.2f', 'x')} "
+                     f"| {fmt(e.get('vs_pgqueuer_default'), '.2f', 'x')} "
                      f"| {med(e, 'cpu_us_per_task'):,.0f} us | {rss} |")
     for key, e in results.items():
         if isinstance(e, dict) and "system" in e and "error" in e and "rate" not in e:
@@ -790,8 +790,8 @@ def markdown_report(results: dict) -> str:
     return "\n".join(lines)
 
 
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else format(value, spec) + suffix
 
 
 def print_report(results: dict) -> None:
@@ -810,8 +810,8 @@ def print_report(results: dict) -> None:
         r = e["rate"]
         print(f"{key:42} {r['median']:7.0f} {r['min']:6.0f}-{r['max']:<6.0f} "
               f"{fmt(e.get('vs_raw1'), '6.0%')} {fmt(e.get('vs_raw50'), '6.0%')} "
-              f"{fmt(e.get('vs_pgqueuer_best'), '7.2f')}x "
-              f"{fmt(e.get('vs_pgqueuer_default'), '7.2f')}x "
+              f"{fmt(e.get('vs_pgqueuer_best'), '7.2f', 'x'):>8} "
+              f"{fmt(e.get('vs_pgqueuer_default'), '7.2f', 'x'):>8} "
               f"{fmt(med(e, 'cpu_us_per_task'), '11.0f')} {fmt(med(e, 'rss_mb'), '7.0f')}")
     for key, e in results.items():
         if key.startswith("drain error"):

@@ -141,11 +141,9 @@ class PgTasks(System):
         return [cmd]
 
     def ready(self, conn, config: Config) -> bool:
+        # A worker registers (its watchdog's session) right after that session LISTENs.
         workers = conn.execute("SELECT count(*) FROM pgtasks_worker").fetchone()[0]
-        listening = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query = "
-            "'LISTEN pgtasks'", [self.dbname]).fetchone()[0]
-        return workers >= config.processes and listening >= config.processes
+        return workers >= config.processes
 
     def reset(self, conn) -> None:
         conn.execute("TRUNCATE pgtasks_task, pgtasks_worker")
@@ -322,10 +320,12 @@ class PgQueuer(System):
         return [cmd] * config.processes
 
     def ready(self, conn, config: Config) -> bool:
-        listening = conn.execute(
+        # Its one session LISTENs, then dequeues on the same session (which pg_stat_activity
+        # then shows): a session that has run a statement is listening.
+        sessions = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = "
-            "%s AND query LIKE 'LISTEN%%'", [self.dbname, self.app_name]).fetchone()[0]
-        return listening >= config.processes
+            "%s AND query <> ''", [self.dbname, self.app_name]).fetchone()[0]
+        return sessions >= config.processes
 
     def reset(self, conn) -> None:
         conn.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")

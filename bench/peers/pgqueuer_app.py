@@ -11,6 +11,7 @@ leads with. pgqueuer's logging is set to WARNING, like the other workers.
 import argparse
 import asyncio
 import logging
+import os
 
 import asyncpg
 from pgqueuer import PgQueuer
@@ -18,7 +19,9 @@ from pgqueuer.models import Job
 
 
 async def create() -> PgQueuer:
-    connection = await asyncpg.connect()
+    # asyncpg reads PGHOST, PGDATABASE... but not PGAPPNAME, which bench/run.py looks for.
+    connection = await asyncpg.connect(
+        server_settings={"application_name": os.environ.get("PGAPPNAME", "pgqueuer")})
     pgq = PgQueuer.from_asyncpg_connection(connection)
 
     @pgq.entrypoint("noop")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -215,12 +216,14 @@ class PgTasksBackend(BaseTaskBackend):
         """``task`` as the row was enqueued: its priority, queue, run_after and this backend."""
         run_after = row.run_after if row.run_after != row.created_at else None
         try:
-            return task.using(
+            task = task.using(
                 priority=row.priority - PRIORITY_OFFSET,
                 queue_name=row.queue,
-                run_after=run_after,
                 backend=self.alias,
             )
+            # Not through using(), which keeps the task's own run_after when given None: the
+            # task object this process last enqueued may carry another enqueue's run_after.
+            return dataclasses.replace(task, run_after=run_after)
         except InvalidTask:
             # The settings changed since (e.g. the queue was removed): the stored facts stay
             # on the row and the result; only the task object keeps its defaults.

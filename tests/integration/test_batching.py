@@ -107,7 +107,8 @@ def test_auto_prefetch_claims_ahead_for_short_tasks() -> None:
     finally:
         signals.task_started.disconnect(dispatch_uid="max-busy")
     assert Task.objects.succeeded().count() == 300
-    assert worker.mean_run_time is not None and worker.mean_run_time < 0.05
+    assert worker.mean_run_time is not None
+    assert worker.mean_run_time < 0.05
     assert worker._prefetch() > 0
     assert max(seen) > 2  # tasks were held beyond the two threads
 
