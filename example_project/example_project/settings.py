@@ -133,8 +133,11 @@ PGTASKS = {
     "MAX_INTERRUPTIONS": 5,
     # Worker threads per worker process.
     "CONCURRENCY": 4,
-    # Tasks claimed beyond the free threads (handy for many short tasks; 0 = none).
-    "PREFETCH": 0,
+    # Tasks claimed beyond the free threads: "auto" keeps about PREFETCH_HORIZON seconds of
+    # work at hand for short tasks and none for long ones; a number fixes it (0 = none).
+    "PREFETCH": "auto",
+    # Seconds of work "auto" prefetch claims ahead.
+    "PREFETCH_HORIZON": 0.1,
     # Seconds outcomes are collected to be recorded together by the worker's loop (0 = each
     # thread records its own at once).
     "COMPLETION_WINDOW": 0.005,
