@@ -81,9 +81,9 @@ def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown() ->
     assert rows.count((Status.READY, 0, [])) == 5  # given back as never claimed
 
 
-def _max_busy_while_running(worker: Worker) -> list[int]:
-    """Record, as each task starts, how many tasks the worker holds in its pool (running and
-    prefetched); returns the list it fills."""
+def run_recording_pool_sizes(worker: Worker) -> list[int]:
+    """Run ``worker`` (burst) and return, for each task as it started, how many tasks the
+    worker held in its pool then (running and prefetched)."""
     from django_pgtasks import signals
 
     seen: list[int] = []
@@ -92,20 +92,18 @@ def _max_busy_while_running(worker: Worker) -> list[int]:
         if worker_id == worker.worker_id:
             seen.append(worker._pool.busy)
 
-    signals.task_started.connect(started, weak=False, dispatch_uid="max-busy")
+    signals.task_started.connect(started, weak=False, dispatch_uid="pool-sizes")
+    try:
+        assert worker.run(install_signals=False) == 0
+    finally:
+        signals.task_started.disconnect(dispatch_uid="pool-sizes")
     return seen
 
 
 def test_auto_prefetch_claims_ahead_for_short_tasks() -> None:
-    from django_pgtasks import signals
-
     Task.objects.enqueue_bulk(tasks.noop, [()] * 300)
     worker = Worker(concurrency=2, burst=True, prefetch="auto")
-    seen = _max_busy_while_running(worker)
-    try:
-        assert worker.run(install_signals=False) == 0
-    finally:
-        signals.task_started.disconnect(dispatch_uid="max-busy")
+    seen = run_recording_pool_sizes(worker)
     assert Task.objects.succeeded().count() == 300
     assert worker.mean_run_time is not None
     assert worker.mean_run_time < 0.05
@@ -114,15 +112,9 @@ def test_auto_prefetch_claims_ahead_for_short_tasks() -> None:
 
 
 def test_auto_prefetch_takes_nothing_ahead_for_long_tasks() -> None:
-    from django_pgtasks import signals
-
     Task.objects.enqueue_bulk(tasks.sleepy, [(0.3,)] * 3)
     worker = Worker(concurrency=1, burst=True, prefetch="auto")
-    seen = _max_busy_while_running(worker)
-    try:
-        assert worker.run(install_signals=False) == 0
-    finally:
-        signals.task_started.disconnect(dispatch_uid="max-busy")
+    seen = run_recording_pool_sizes(worker)
     assert Task.objects.succeeded().count() == 3
     assert worker._prefetch() == 0  # 0.3 s tasks are longer than PREFETCH_HORIZON
     assert max(seen) == 1  # never more than the one running
