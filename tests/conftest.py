@@ -100,3 +100,33 @@ def viewer_client(client):
     )
     client.force_login(user)
     return client
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_session_outlives_the_run(django_db_setup: None, django_db_blocker) -> Iterator[None]:
+    """At the end, every other session on the test database has gone, or the run fails
+    naming them (Django cannot drop a database that is still in use).
+
+    A session of a killed child can outlive it until its statement ends, and one a finished
+    thread never closed lingers until the garbage collector frees it: both are waited for.
+    """
+    yield
+    import gc
+
+    from tests.helpers import wait_until
+
+    def others() -> list[tuple]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, application_name, state, wait_event, backend_start, "
+                "left(query, 200) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            return cursor.fetchall()
+
+    with django_db_blocker.unblock():
+        gc.collect()
+        try:
+            wait_until(lambda: not others(), timeout=60, what="the other sessions to end")
+        except AssertionError:
+            raise AssertionError(f"Sessions still open on the test database at the end of "
+                                 f"the run: {others()}") from None

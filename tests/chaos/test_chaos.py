@@ -1,8 +1,9 @@
-"""The chaos test: 20,000 tasks, 4 worker processes, kill -9 and terminated backends.
+"""The chaos test: thousands of tasks, 4 worker processes, kill -9 and terminated backends.
 
 While the workers drain the queue, a random worker process is killed with SIGKILL every
-``KILL_EVERY`` seconds and a replacement started, and once, half way through, every worker's
-database session is terminated from the server side. Every execution is logged by the handler
+``KILL_EVERY`` seconds and as the successes pass each quarter of the tasks, and a replacement
+started; once, half way through, every worker's database session is terminated from the
+server side. Every execution is logged by the handler
 in ``testapp.Execution``.
 
 - exactly-once mode (``atomic=True``): the log row commits in the completion's transaction, so
@@ -24,7 +25,7 @@ import threading
 import time
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import Count
 
 from django_pgtasks.models import Task, WorkerProcess
@@ -38,8 +39,11 @@ N_TASKS = 5_000
 #: Tasks of the one-attempt modes.
 N_SMALL = 2_000
 WORKERS = 4
-#: Seconds between two kills: short enough that even the fastest mode sees several.
-KILL_EVERY = 0.75
+#: Seconds between two kills.
+KILL_EVERY = 1.0
+#: A worker is also killed as the successes pass each quarter of the tasks, so even a mode
+#: that drains faster than the kill clock ticks sees three kills.
+KILL_AT = (0.25, 0.5, 0.75)
 TIME_LIMIT = 400
 
 
@@ -80,7 +84,6 @@ def enqueue(mode: str) -> tuple[int, set[int]]:
 @pytest.mark.parametrize("mode", ["exactly_once", "at_least_once", "one_attempt",
                                   "django_one_attempt"])
 def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_command) -> None:
-    n_tasks, poisoned = enqueue(mode)
     rng = random.Random(20_000)
     processes: dict[str, tuple] = {}
     counter = iter(range(1000))
@@ -93,18 +96,29 @@ def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_com
 
     for _ in range(WORKERS):
         spawn()
+    # Every worker is up before the tasks come, so none drains the queue alone.
+    wait_until(lambda: WorkerProcess.objects.count() == WORKERS, 60, "the workers to start")
+    with transaction.atomic():  # all at once: the kill marks count from the first success
+        n_tasks, poisoned = enqueue(mode)
     killed: set[str] = set()
     rescue_delays: list[float] = []
     watchers: list[threading.Thread] = []
     terminated = 0
     started = time.monotonic()
     next_kill = started + KILL_EVERY
-    while Task.objects.succeeded().count() < n_tasks:
+    kill_marks = [int(n_tasks * fraction) for fraction in KILL_AT]
+    while (succeeded := Task.objects.succeeded().count()) < n_tasks:
         assert time.monotonic() - started < TIME_LIMIT, "queue not drained in time"
         now = time.monotonic()
-        if now >= next_kill:
-            alive = [w for w, (p, _) in processes.items() if p.poll() is None]
-            victim = rng.choice(alive)
+        # Only workers that have started (registered) are killed: killing replacements
+        # still starting up on a loaded machine would leave no worker running.
+        registered = set(WorkerProcess.objects.values_list("name", flat=True))
+        up = [w for w, (p, _) in processes.items() if p.poll() is None and w in registered]
+        at_mark = bool(kill_marks) and succeeded >= kill_marks[0]
+        if up and (now >= next_kill or at_mark):
+            if at_mark:
+                kill_marks.pop(0)
+            victim = rng.choice(up)
             victim_process = processes[victim][0]
             victim_process.kill()
             victim_process.wait()
@@ -115,10 +129,11 @@ def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_com
             watchers.append(watcher)
             spawn()
             next_kill = now + KILL_EVERY
-        if not terminated and Task.objects.succeeded().count() > n_tasks // 2:
+            up.remove(victim)
+        if not terminated and up and succeeded > n_tasks // 2:
             terminated = terminate_worker_backends()
-            assert terminated >= WORKERS
-        time.sleep(0.2)
+            assert terminated  # the sessions of the workers up at that moment
+        time.sleep(0.01)
     elapsed = time.monotonic() - started
     # A replacement may still be starting up: a worker that has not registered has not yet
     # installed its signal handlers, and SIGTERM would end it as it ends any process.

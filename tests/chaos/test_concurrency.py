@@ -7,6 +7,7 @@ so a task run twice shows up as a duplicate, and a lost task as a missing id.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from django.db.models import Count, F
@@ -23,9 +24,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 N_TASKS = 4_000
 
 
-def run_workers_in_threads(worker_class: type[Worker], n: int) -> list[Worker]:
-    return run_workers([worker_class(worker_id=f"thread-{i}", burst=True, concurrency=1)
-                        for i in range(n)], timeout=600)
+def run_workers_in_threads(worker_class: type[Worker], n: int, **options: Any) -> list[Worker]:
+    return run_workers([worker_class(worker_id=f"thread-{i}", burst=True, concurrency=1,
+                                     **options) for i in range(n)], timeout=600)
 
 def execution_counts() -> tuple[int, int]:
     total = Execution.objects.count()
@@ -47,14 +48,19 @@ def test_4000_tasks_8_worker_threads_run_each_task_exactly_once() -> None:
 
 
 class NonLockingWorker(Worker):
-    """The classic mistake: a plain SELECT, then a separate UPDATE, without SKIP LOCKED."""
+    """The classic mistake: a plain SELECT, then a separate UPDATE, without SKIP LOCKED.
+
+    Each row is updated by a statement of its own (autocommit), so a claim never holds one
+    row's lock while it waits for another's: two such claims would otherwise deadlock, and
+    the test is about duplicates, not deadlocks."""
 
     def _claim(self, limit: int) -> list[Task]:
         ids = list(Task.objects.due().order_by(*CLAIM_ORDER).values_list("id", flat=True)[:limit])
-        Task.objects.filter(id__in=ids).update(
-            status=Status.RUNNING, locked_by=self.worker_id, locked_at=Now(),
-            started_at=Now(), attempt=F("attempt") + 1,
-        )
+        for task_id in ids:
+            Task.objects.filter(id=task_id).update(
+                status=Status.RUNNING, locked_by=self.worker_id, locked_at=Now(),
+                started_at=Now(), attempt=F("attempt") + 1,
+            )
         return list(Task.objects.filter(id__in=ids))
 
 
@@ -62,7 +68,7 @@ def test_the_same_test_finds_duplicates_when_the_claim_does_not_lock() -> None:
     """Proves the exactly-once assertion above can fail."""
     n = 500
     Task.objects.enqueue_many(tasks.log_execution.build() for _ in range(n))
-    run_workers_in_threads(NonLockingWorker, 8)
+    run_workers_in_threads(NonLockingWorker, 8, prefetch=0)
     total, distinct = execution_counts()
     print(f"\nnon-locking claim: {total} executions of {distinct} distinct tasks")
     assert total > distinct  # some tasks ran more than once

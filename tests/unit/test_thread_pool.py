@@ -12,6 +12,7 @@ import threading
 
 from django_pgtasks.models import Task
 from django_pgtasks.worker.pool import ThreadPool
+from tests.helpers import wait_until
 
 
 def test_a_task_resubmitted_before_its_last_run_cleared_still_counts_as_running() -> None:
@@ -30,18 +31,15 @@ def test_a_task_resubmitted_before_its_last_run_cleared_still_counts_as_running(
         else:
             release_second.wait(10)
 
-    pool = ThreadPool(2, target, threading.Event())
+    first_cleared = threading.Event()  # the pool sets it once a thread has freed its slot
+    pool = ThreadPool(2, target, first_cleared)
     try:
         pool.submit(Task(pk=7, name="sample"))
         assert resubmitted.wait(10)
-        # The first run has returned (or is about to); wait until a second thread holds
-        # the second run, then check that it is still counted.
-        for _ in range(1000):
-            if len(runs) == 2:
-                break
-            threading.Event().wait(0.01)
-        assert len(runs) == 2
-        threading.Event().wait(0.05)  # let the first thread finish clearing up
+        # A second thread holds the second run while the first thread clears its slot:
+        # the second run must still be counted.
+        wait_until(lambda: len(runs) == 2, timeout=10, what="the second run")
+        assert first_cleared.wait(10)
         assert pool.busy == 1
         assert pool.ids() == {7}
         release_second.set()
