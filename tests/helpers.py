@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 from django.db import connection, connections
 
-from django_pgtasks.models import PENDING, Status, Task
+from django_pgtasks.models import PENDING, Status, Task, WorkerProcess
 from django_pgtasks.worker.loop import Worker
 
 
@@ -33,10 +33,20 @@ def all_finished() -> bool:
 def stop_processes(processes: Iterable[subprocess.Popen], timeout: float = 120) -> list[str]:
     """SIGTERM each worker process, wait for it, and return what each one printed.
 
-    A process still running after ``timeout`` fails the test with what it printed, including
-    the stacks of all its threads (``SIGUSR1``, see worker/startup.py), and is killed.
+    A worker started with ``--worker-id`` is first waited for until it has registered (or
+    exited): before that it has not installed its signal handlers, and SIGTERM would end it
+    the way it ends any process (return code -15) instead of shutting it down. A process still
+    running after ``timeout`` fails the test with what it printed, including the stacks of all
+    its threads (``SIGUSR1``, see worker/startup.py), and is killed.
     """
     processes = list(processes)
+    for process in processes:
+        args = [str(arg) for arg in process.args]
+        if "--worker-id" in args:
+            name = args[args.index("--worker-id") + 1]
+            wait_until(lambda process=process, name=name: process.poll() is not None
+                       or WorkerProcess.objects.filter(name=name).exists(),
+                       timeout, f"worker {name} to start")
     for process in processes:
         process.send_signal(signal.SIGTERM)
     outputs = []
