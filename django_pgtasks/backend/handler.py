@@ -89,6 +89,10 @@ class DjangoTaskHandler(TaskHandler):
     ``task_finished`` expects. The run travels with the claimed row.
     """
 
+    def check_arguments(self, args: tuple | list, kwargs: dict[str, Any]) -> None:
+        """Nothing to check here: Django's ``Task.enqueue()`` takes the arguments as Django
+        defines it, and the function's context parameter is Django's to fill."""
+
     def started(self, task: TaskRow, worker_id: str) -> None:
         """Send Django's ``task_started``. Never raises: ``call()`` reports any problem."""
         try:

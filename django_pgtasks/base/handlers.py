@@ -187,9 +187,15 @@ class TaskHandler:
     concurrency_key: str | Callable[..., str | None] | None = None
     concurrency_limit: int | None = None
     is_async: bool = field(init=False)
+    #: The function's signature, read once; ``None`` when it cannot be read.
+    signature: inspect.Signature | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.is_async = inspect.iscoroutinefunction(self.func)
+        try:
+            self.signature = inspect.signature(self.func)
+        except (TypeError, ValueError):  # some builtins and C callables have none
+            self.signature = None
         self.__doc__ = self.func.__doc__
         self.__wrapped__ = self.func
 
@@ -198,6 +204,25 @@ class TaskHandler:
 
     def __repr__(self) -> str:
         return f"<TaskHandler {self.name}>"
+
+    def check_arguments(self, args: tuple | list, kwargs: dict[str, Any]) -> None:
+        """Raise :class:`~django_pgtasks.exceptions.InvalidTaskError` if the function could
+        not be called with ``args`` and ``kwargs`` (after the context, for a handler that
+        takes one): refused at enqueue, not failed at run time attempt after attempt."""
+        if self.signature is None:
+            return
+        try:
+            if self.takes_context:
+                self.signature.bind(None, *args, **kwargs)
+            else:
+                self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            from django_pgtasks.exceptions import InvalidTaskError
+
+            raise InvalidTaskError(
+                f"Task {self.name}: the arguments do not match "
+                f"{self.func.__qualname__}{self.signature}: {exc}."
+            ) from None
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""

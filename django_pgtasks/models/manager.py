@@ -15,6 +15,7 @@ from typing import Any
 from django.db import connections, models
 from django.db.models import Value
 from django.db.models.functions import Now
+from django.db.models.signals import post_save, pre_save
 
 from django_pgtasks.base.payload import serialize_payload, task_payload_json
 from django_pgtasks.base.registry import TaskHandler, get_handler
@@ -27,9 +28,10 @@ from django_pgtasks.base.validation import (
     validate_queue,
 )
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.exceptions import InvalidTaskError
+from django_pgtasks.exceptions import InvalidTaskError, UnknownTaskError
 from django_pgtasks.lifecycle import claim as claiming
 from django_pgtasks.lifecycle import transitions
+from django_pgtasks.models import inserts
 from django_pgtasks.models.queries import TaskQuerySet
 from django_pgtasks.models.status import Status
 from django_pgtasks.signals import task_enqueued
@@ -73,18 +75,16 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         Everything PostgreSQL would refuse is refused here, so a refused task never leaves
         the caller's transaction unusable (see :mod:`django_pgtasks.base.payload`).
         """
-        handler = (
-            name_or_handler if isinstance(name_or_handler, TaskHandler)
-            else get_handler(name_or_handler)
-        )
+        handler = _handler(name_or_handler)
         validate_options(priority=priority, max_attempts=max_attempts, key=key, stage=stage)
         queue = validate_queue(queue or handler.queue or pgtasks_settings.DEFAULT_QUEUE)
         seconds = delay_seconds(run_after, delay)
         payload = serialize_payload(args, kwargs)
         clean_args, clean_kwargs = payload[0], payload[1]
+        handler.check_arguments(clean_args, clean_kwargs)
         concurrency_key, concurrency_limit = resolve_concurrency(
             handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs)
-        task = self.model(
+        task = inserts.blueprint(self.model).make(
             key=key,
             stage=stage,
             concurrency_key=concurrency_key,
@@ -152,8 +152,17 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         )
         db = self._db_alias(using, task.queue)
         if key is None:
-            task.save(force_insert=True, using=db)
+            # Django's model signals, as save() would send them, only when someone listens:
+            # the INSERT itself does not go through save() (see models/inserts.py).
+            model = self.model
+            if pre_save.has_listeners(model):
+                pre_save.send(sender=model, instance=task, raw=False, using=db,
+                              update_fields=None)
+            inserts.insert_one(task, db)
             task.deduplicated = False
+            if post_save.has_listeners(model):
+                post_save.send(sender=model, instance=task, created=True, update_fields=None,
+                               raw=False, using=db)
         else:
             task = self._upsert_keyed(task, db)
         task_enqueued.send(sender=self.model, task=task)
@@ -165,7 +174,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                   task.priority, task.max_attempts, run_after,
                   getattr(task, "_delay_seconds", None), json.dumps(task.metadata), task.key,
                   task.stage, task.concurrency_key, task.concurrency_limit]
-        [row] = list(self.db_manager(db).raw(UPSERT_KEYED_SQL, params)) or [None]
+        [row] = list(self.db_manager(db).raw(inserts.UPSERT_KEYED_SQL, params)) or [None]
         if row is None:
             raise InvalidTaskError(
                 f"Key {task.key!r} belongs to a live task of another task name; keys are "
@@ -196,38 +205,11 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         for task in tasks:
             by_db.setdefault(self._db_alias(using, task.queue), []).append(task)
         for db, group in by_db.items():
-            self._insert_many(group, db)
+            inserts.insert_many(group, db)
         if task_enqueued.has_listeners(self.model):
             for task in tasks:
                 task_enqueued.send(sender=self.model, task=task)
         return tasks
-
-    def _insert_many(self, tasks: list[TaskRow], db: str) -> None:
-        payloads = [task_payload_json(t) for t in tasks]
-        columns = {
-            "name": [t.name for t in tasks],
-            "queue": [t.queue for t in tasks],
-            "args": [args for args, _ in payloads],
-            "kwargs": [kwargs for _, kwargs in payloads],
-            "priority": [t.priority for t in tasks],
-            "max_attempts": [t.max_attempts for t in tasks],
-            "run_after": [t.run_after if isinstance(t.run_after, datetime) else None
-                          for t in tasks],
-            "delay": [getattr(t, "_delay_seconds", None) for t in tasks],
-            "metadata": [json.dumps(t.metadata) for t in tasks],
-            "key": [t.key for t in tasks],
-            "stage": [t.stage for t in tasks],
-            "concurrency_key": [t.concurrency_key for t in tasks],
-            "concurrency_limit": [t.concurrency_limit for t in tasks],
-        }
-        with connections[db].cursor() as cursor:
-            cursor.execute(ENQUEUE_MANY_SQL, list(columns.values()))
-            rows = cursor.fetchall()
-        for task, (pk, run_after, created_at) in zip(tasks, rows, strict=True):
-            task.pk, task.run_after, task.created_at, task.updated_at = (
-                pk, run_after, created_at, created_at)
-            task._state.adding = False
-            task._state.db = db
 
     def enqueue_bulk(
         self,
@@ -252,10 +234,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         ``concurrency_key``/``concurrency_limit`` apply to every task (a handler's callable
         ``concurrency_key`` default is called per item).
         """
-        handler = (
-            name_or_handler if isinstance(name_or_handler, TaskHandler)
-            else get_handler(name_or_handler)
-        )
+        handler = _handler(name_or_handler)
         validate_options(priority=priority, max_attempts=max_attempts)
         queue = validate_queue(queue or handler.queue or pgtasks_settings.DEFAULT_QUEUE)
         priority = _first(priority, handler.priority, pgtasks_settings.DEFAULT_PRIORITY)
@@ -277,6 +256,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                 )
             clean_args, clean_kwargs, args_json, kwargs_json = serialize_payload(
                 args, kwargs, max_depth=max_depth, max_bytes=max_bytes)
+            handler.check_arguments(clean_args, clean_kwargs)
             payloads.append((args_json, kwargs_json, *resolve_concurrency(
                 handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs)))
         if not payloads:
@@ -431,51 +411,18 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         return wait_for_task(pk, timeout, using=db, poll_interval=poll_interval)
 
 
-# Inserts one task per element of the column arrays; run_after is the given time, else the
-# delay from the statement's database time, else that time itself (as for a single INSERT).
-ENQUEUE_MANY_SQL = """
-    INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, max_attempts, run_after,
-                              metadata, key, stage, concurrency_key, concurrency_limit, status,
-                              attempt, error_text)
-    SELECT v.name, v.queue, v.args::jsonb, v.kwargs::jsonb, v.priority, v.max_attempts,
-           COALESCE(v.run_after, statement_timestamp() + make_interval(secs => v.delay),
-                    statement_timestamp()),
-           v.metadata::jsonb, v.key, v.stage, v.concurrency_key, v.concurrency_limit, 'READY',
-           0, ''
-    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::int[],
-                %s::timestamptz[], %s::float8[], %s::text[], %s::text[], %s::text[], %s::text[],
-                %s::smallint[])
-         AS v(name, queue, args, kwargs, priority, max_attempts, run_after, delay, metadata,
-              key, stage, concurrency_key, concurrency_limit)
-    RETURNING id, run_after, created_at
-"""
+def _handler(name_or_handler: str | TaskHandler) -> TaskHandler:
+    """The handler to enqueue: a ``@pgtask`` handler, or the one registered under a name."""
+    if isinstance(name_or_handler, TaskHandler):
+        return name_or_handler
+    if isinstance(name_or_handler, str):
+        return get_handler(name_or_handler)
+    raise UnknownTaskError(
+        f"{name_or_handler!r} is not a task: decorate the function with @pgtask (from "
+        f"django_pgtasks import pgtask) and enqueue the decorated function, or pass the "
+        f"name of a registered task."
+    )
 
-# Enqueue with a deduplication key: insert, or fold the request into the live task that has
-# the key (the partial unique index pgtasks_task_live_key_uniq is the arbiter). A waiting task
-# takes the new arguments, the higher priority and the earlier run_after; a running one is
-# marked to run once more when its attempt ends. A live task of another name is left alone
-# and nothing is returned.
-UPSERT_KEYED_SQL = """
-    INSERT INTO pgtasks_task AS t (name, queue, args, kwargs, priority, max_attempts, run_after,
-                                   metadata, key, stage, concurrency_key, concurrency_limit,
-                                   status, attempt, error_text)
-    VALUES (%s, %s, %s::jsonb, %s::jsonb, %s, %s,
-            COALESCE(%s::timestamptz, statement_timestamp() + make_interval(secs => %s),
-                     statement_timestamp()),
-            %s::jsonb, %s, %s, %s, %s::smallint, 'READY', 0, '')
-    ON CONFLICT (key)
-        WHERE key IS NOT NULL AND status IN ('READY', 'AWAITING_RETRY', 'RUNNING')
-    DO UPDATE SET
-        args = EXCLUDED.args,
-        kwargs = EXCLUDED.kwargs,
-        priority = GREATEST(t.priority, EXCLUDED.priority),
-        run_after = CASE WHEN t.status = 'RUNNING' THEN t.run_after
-                         ELSE LEAST(t.run_after, EXCLUDED.run_after) END,
-        rerun_requested = t.rerun_requested OR t.status = 'RUNNING',
-        updated_at = now()
-    WHERE t.name = EXCLUDED.name
-    RETURNING t.*, (t.xmax = 0) AS inserted
-"""
 
 def _first(*values: Any) -> Any:
     return next(v for v in values if v is not None)

@@ -21,6 +21,7 @@ from django_pgtasks.exceptions import (
     InvalidPayloadError,
     InvalidTaskError,
     UnknownQueueError,
+    UnknownTaskError,
     UnstorableResultError,
 )
 from django_pgtasks.models import Task
@@ -154,8 +155,52 @@ def test_bad_arguments_are_refused_before_any_sql(
     assert_refused(lambda: via(args, kwargs), InvalidPayloadError, place, problem)
 
 
+# -- arguments that do not fit the handler's signature --------------------------------------
+
+#: (id, args, kwargs, problem) for tasks.add(a, b); each has either args or kwargs.
+MISFITS = [
+    ("one too many", (1, 2, 3), {}, "too many positional arguments"),
+    ("one missing", (1,), {}, "missing a required argument: 'b'"),
+    ("an unknown keyword", (), {"a": 1, "b": 2, "c": 3},
+     "got an unexpected keyword argument 'c'"),
+]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize(("args", "kwargs", "problem"), [case[1:] for case in MISFITS],
+                         ids=[case[0] for case in MISFITS])
+def test_arguments_that_do_not_fit_the_handler_are_refused_before_any_sql(
+    entry: str, args: tuple, kwargs: dict, problem: str
+) -> None:
+    via, _ = ENTRY_POINTS[entry]
+    assert_refused(lambda: via(args, kwargs), InvalidTaskError,
+                   "Task tests.testapp.tasks.add: the arguments do not match "
+                   "add(a: 'int', b: 'int') -> 'int'", problem)
+
+
+def test_a_handler_that_takes_the_context_is_checked_without_it() -> None:
+    assert Task.objects.enqueue(tasks.log_execution).pk  # the worker passes the context
+    assert_refused(lambda: Task.objects.enqueue(tasks.log_execution, 1), InvalidTaskError,
+                   "the arguments do not match log_execution(ctx", "too many positional")
+
+
+def plain_function(x: int) -> int:
+    return x
+
+
+@pytest.mark.parametrize("call", [
+    lambda: Task.objects.enqueue(plain_function, 1),
+    lambda: Task.objects.build(plain_function, 1),
+    lambda: Task.objects.enqueue_bulk(plain_function, [[1]]),
+], ids=["enqueue", "build", "enqueue_bulk"])
+def test_an_undecorated_function_is_refused_with_a_hint(call: Callable[[], Any]) -> None:
+    error = assert_refused(call, UnknownTaskError, "plain_function",
+                           "is not a task: decorate the function with @pgtask")
+    assert isinstance(error, InvalidTaskError)
+
+
 def test_enqueue_bulk_refuses_a_keyword_argument_name_that_is_not_a_string() -> None:
-    assert_refused(lambda: Task.objects.enqueue_bulk(tasks.add, [{"a": 1}, {1: "one"}]),
+    assert_refused(lambda: Task.objects.enqueue_bulk(tasks.add, [{"a": 1, "b": 2}, {1: "one"}]),
                    InvalidPayloadError, "Task argument name 1 is of type int",
                    "keyword argument names must be strings")
 
@@ -173,11 +218,11 @@ def test_what_postgresql_can_store_comes_back_unchanged() -> None:
     values = ["café ☕ 😀", {"clé": ["ünïcode", "日本語"]}, largest, -largest, 9999999999999998.0,
               1e-7, 2.5e-300]
     saved = [
-        Task.objects.enqueue(tasks.add, *values, k=values),
-        Task.objects.enqueue(tasks.add, *values, key="k", k=values),
-        *Task.objects.enqueue_many([tasks.add.build(*values, k=values)]),
+        Task.objects.enqueue(tasks.takes_anything, *values, k=values),
+        Task.objects.enqueue(tasks.takes_anything, *values, key="k", k=values),
+        *Task.objects.enqueue_many([tasks.takes_anything.build(*values, k=values)]),
     ]
-    ids = Task.objects.enqueue_bulk(tasks.add, [values, {"k": values}])
+    ids = Task.objects.enqueue_bulk(tasks.takes_anything, [values, {"k": values}])
     for task in saved:
         task.refresh_from_db()
         assert (task.args, task.kwargs) == (values, {"k": values})

@@ -124,7 +124,7 @@ def test_payload_size_and_depth_limits(settings) -> None:
 
 
 def test_tuples_are_stored_as_lists() -> None:
-    task = Task.objects.enqueue(tasks.noop, (1, 2), pair={"a": (3,)})
+    task = Task.objects.enqueue(tasks.takes_anything, (1, 2), pair={"a": (3,)})
     task.refresh_from_db()
     assert task.args == [[1, 2]]
     assert task.kwargs == {"pair": {"a": [3]}}
@@ -201,7 +201,30 @@ def test_operator_actions_never_touch_running_tasks() -> None:
 def test_single_enqueue_is_one_insert(django_assert_num_queries) -> None:
     with django_assert_num_queries(1) as captured:
         Task.objects.enqueue(tasks.add, 1, 2)
-    assert captured.captured_queries[0]["sql"].startswith('INSERT INTO "pgtasks_task"')
+    assert captured.captured_queries[0]["sql"].lstrip().startswith("INSERT INTO pgtasks_task")
+
+
+def test_enqueue_sends_the_model_signals_save_would_send() -> None:
+    from django.db.models.signals import post_save, pre_save
+
+    seen: list[tuple] = []
+
+    def before(instance: Task, **kwargs: object) -> None:
+        seen.append(("pre_save", instance.pk, kwargs["using"]))
+        instance.priority = 150  # a pre_save receiver may still change what is written
+
+    def after(instance: Task, **kwargs: object) -> None:
+        seen.append(("post_save", instance.pk, kwargs["created"], kwargs["using"]))
+
+    pre_save.connect(before, sender=Task)
+    post_save.connect(after, sender=Task)
+    try:
+        task = Task.objects.enqueue(tasks.add, 1, 2)
+    finally:
+        pre_save.disconnect(before, sender=Task)
+        post_save.disconnect(after, sender=Task)
+    assert seen == [("pre_save", None, "default"), ("post_save", task.pk, True, "default")]
+    assert Task.objects.get(pk=task.pk).priority == 150
 
 
 def test_enqueue_many_keeps_every_option_and_returns_saved_tasks() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django_pgtasks import FatalError, pgtask
 from django_pgtasks.base.registry import TaskContext
 
@@ -11,6 +13,11 @@ from .models import Execution
 @pgtask
 def noop() -> None:
     """Does nothing."""
+
+
+@pgtask
+def takes_anything(*args: Any, **kwargs: Any) -> None:
+    """Takes any arguments: for tests of what the payload stores."""
 
 
 @pgtask
