@@ -77,6 +77,7 @@ from django.db.models import Exists, Manager, Q, QuerySet
 
 from django_pgtasks.base.rows import TaskRow
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.lifecycle.rows import load_rows
 
 ORDER_SQL = "priority DESC, run_after, id"
 #: First key of the transaction-level advisory locks on concurrency keys ("pgtk"); the second
@@ -200,7 +201,7 @@ def _plain(
             if len(_statements) < STATEMENT_CACHE_SIZE:
                 _statements[key] = statement
         sql, params = statement
-        return list(manager.db_manager(db).raw(sql, [*params, worker_id, worker_id]))
+        return load_rows(manager.model, db, sql, [*params, worker_id, worker_id])
 
 
 def _needs_control(db: str, queues: tuple[str, ...]) -> bool:
@@ -219,8 +220,9 @@ def _controlled(
     manager: Manager[Any], worker_id: str, queues: tuple[str, ...], limit: int, db: str,
 ) -> ClaimedTasks:
     with transaction.atomic(using=db, savepoint=False):
-        tasks = ClaimedTasks(manager.db_manager(db).raw(
-            CONTROLLED_SQL, [list(queues), limit, worker_id, controlled_window(limit)]
+        tasks = ClaimedTasks(load_rows(
+            manager.model, db, CONTROLLED_SQL,
+            [list(queues), limit, worker_id, controlled_window(limit)],
         ))
         if len(tasks) < limit:
             with connections[db].cursor() as cursor:

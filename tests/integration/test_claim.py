@@ -25,6 +25,55 @@ def test_claim_marks_tasks_running_for_the_worker() -> None:
     assert Task.objects.claim("w2") == []
 
 
+def fields_of(task: Task) -> dict:
+    return {field.attname: getattr(task, field.attname) for field in Task._meta.concrete_fields}
+
+
+@pytest.mark.parametrize("controlled", [False, True], ids=["plain", "controlled"])
+def test_claimed_tasks_are_the_instances_raw_would_build(controlled: bool,
+                                                        fresh_claim_mode: None) -> None:
+    """The claim decodes its rows itself (django_pgtasks.lifecycle.rows): every field must
+    come out as Django's own raw() gives it, time zones and JSON included."""
+    Task.objects.enqueue(tasks.add, 1, b={"nested": ["é", 2.5, None]}, key="k", stage="s",
+                         **({"concurrency_key": "c"} if controlled else {}))
+    Task.objects.enqueue(tasks.noop)
+    Task.objects.all().update(metadata={"m": [1]}, worker_ids=["earlier"],
+                              errors=[{"attempt": 1, "error": "x", "at": "2030-01-01"}])
+    claimed = Task.objects.claim("w1", limit=5)
+    assert len(claimed) == 2
+    for task in claimed:
+        [expected] = Task.objects.raw("SELECT * FROM pgtasks_task WHERE id = %s", [task.pk])
+        assert fields_of(task) == fields_of(expected)
+        for name in ("run_after", "locked_at", "started_at", "created_at", "updated_at"):
+            assert getattr(task, name).utcoffset() == timedelta(0)
+            assert getattr(task, name).tzinfo == getattr(expected, name).tzinfo
+        assert (task._state.adding, task._state.db) == (False, "default")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_time_zones_the_claim_leaves_time_stamps_to_django(settings) -> None:
+    """Only where both Django and the session use UTC does the claim decode time stamps
+    itself; with ``USE_TZ = False`` Django's loader gives naive datetimes, as raw() does."""
+    task = Task.objects.enqueue(tasks.noop)
+
+    def reconnect() -> None:
+        connection.close()
+        for cached in ("timezone", "timezone_name"):
+            connection.__dict__.pop(cached, None)
+
+    settings.USE_TZ = False
+    reconnect()
+    try:
+        [claimed] = Task.objects.claim("w1")
+        [expected] = Task.objects.raw("SELECT * FROM pgtasks_task WHERE id = %s", [task.pk])
+        assert claimed.pk == task.pk
+        assert claimed.started_at.tzinfo is None
+        assert fields_of(claimed) == fields_of(expected)
+    finally:
+        settings.USE_TZ = True
+        reconnect()
+
+
 def test_claim_order_is_priority_then_run_after_then_id() -> None:
     low = Task.objects.enqueue(tasks.noop, priority=10)
     old = Task.objects.enqueue(tasks.noop)
