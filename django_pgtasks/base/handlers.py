@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from django_pgtasks.base.schedules import When
 
 MAX_NAME_LENGTH = 255
+#: Shapes of calls (positional count, keyword names) whose fit a handler remembers.
+SHAPES_KEPT = 64
 
 
 def _tasks() -> Any:
@@ -189,6 +191,10 @@ class TaskHandler:
     is_async: bool = field(init=False)
     #: The function's signature, read once; ``None`` when it cannot be read.
     signature: inspect.Signature | None = field(init=False, repr=False)
+    #: Per shape of a call checked by :meth:`check_arguments`: why it does not fit, or
+    #: ``None`` when it does.
+    _misfits: dict[tuple[int, frozenset[str]], str | None] = field(
+        init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.is_async = inspect.iscoroutinefunction(self.func)
@@ -208,21 +214,33 @@ class TaskHandler:
     def check_arguments(self, args: tuple | list, kwargs: dict[str, Any]) -> None:
         """Raise :class:`~django_pgtasks.exceptions.InvalidTaskError` if the function could
         not be called with ``args`` and ``kwargs`` (after the context, for a handler that
-        takes one): refused at enqueue, not failed at run time attempt after attempt."""
+        takes one): refused at enqueue, not failed at run time attempt after attempt.
+
+        Whether a call fits a signature depends only on its shape (how many positional
+        arguments, which keyword names), so the answer is kept per shape: ``enqueue_bulk()``
+        of many calls binds once."""
         if self.signature is None:
             return
-        try:
-            if self.takes_context:
-                self.signature.bind(None, *args, **kwargs)
-            else:
-                self.signature.bind(*args, **kwargs)
-        except TypeError as exc:
+        shape = (len(args), frozenset(kwargs))
+        problem = self._misfits.get(shape, "")
+        if problem == "":
+            try:
+                if self.takes_context:
+                    self.signature.bind(None, *args, **kwargs)
+                else:
+                    self.signature.bind(*args, **kwargs)
+                problem = None
+            except TypeError as exc:
+                problem = str(exc)
+            if len(self._misfits) < SHAPES_KEPT:
+                self._misfits[shape] = problem
+        if problem is not None:
             from django_pgtasks.exceptions import InvalidTaskError
 
             raise InvalidTaskError(
                 f"Task {self.name}: the arguments do not match "
-                f"{self.func.__qualname__}{self.signature}: {exc}."
-            ) from None
+                f"{self.func.__qualname__}{self.signature}: {problem}."
+            )
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""

@@ -4,7 +4,9 @@ A claim returns whole rows (``RETURNING t.*``), and the worker turns each into a
 handlers, signal receivers and Django's task results read any of its fields, so none is left
 deferred (a deferred field would cost a query per task when read). ``Manager.raw()`` builds
 them correctly but slowly, and on a no-op task the claim's decoding was half of the worker's
-CPU. Three costs are avoided here, with the same instances as a result:
+CPU. Three costs are avoided here, with the same instances as a result (the enqueue
+statements, whose rows carry two time stamps each, read them through :func:`fast_cursor`
+too):
 
 - Django reads every ``timestamptz`` through its own loader, a Python subclass of psycopg's
   that parses the text in Python (a task row has six). When the session's time zone is UTC
@@ -20,18 +22,28 @@ CPU. Three costs are avoided here, with the same instances as a result:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC
 from typing import Any
 
 from django.db import connections
+from django.db.backends.utils import CursorWrapper
 from django.db.models.expressions import Col
 from psycopg.types.datetime import TimestamptzLoader
 
 
-def _utc_session(connection: Any, cursor: Any) -> bool:
-    """Whether psycopg's own ``timestamptz`` loader gives what Django's would: both UTC."""
-    return (connection.timezone is UTC
-            and cursor.connection.info.timezone is UTC)
+@contextmanager
+def fast_cursor(db: str) -> Iterator[CursorWrapper]:
+    """A cursor of ``db``'s connection (Django's, so query logging and ``execute_wrapper``
+    see its statements) that reads ``timestamptz`` with psycopg's C loader when that gives
+    what Django's would: Django and the session both in UTC."""
+    connection = connections[db]
+    with connection.cursor() as cursor:
+        raw = cursor.cursor
+        if connection.timezone is UTC and raw.connection.info.timezone is UTC:
+            raw.adapters.register_loader("timestamptz", TimestamptzLoader)
+        yield cursor
 
 
 def load_rows(model: type, db: str, sql: str, params: list[Any]) -> list[Any]:
@@ -39,10 +51,7 @@ def load_rows(model: type, db: str, sql: str, params: list[Any]) -> list[Any]:
     on ``db`` and return them as ``model`` instances, as ``raw()`` would; an extra column
     becomes an attribute of the same name."""
     connection = connections[db]
-    with connection.cursor() as cursor:
-        raw = cursor.cursor
-        if _utc_session(connection, raw):
-            raw.adapters.register_loader("timestamptz", TimestamptzLoader)
+    with fast_cursor(db) as cursor:
         cursor.execute(sql, params)
         columns = [column.name for column in cursor.description]
         rows = cursor.fetchall()

@@ -13,11 +13,11 @@ import json
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
 from django.db.models.expressions import DatabaseDefault
 
 from django_pgtasks.base.payload import task_payload_json
 from django_pgtasks.base.rows import TaskRow
+from django_pgtasks.lifecycle.rows import fast_cursor
 
 # One task. run_after is the given time, else the delay from the statement's time, else that
 # time itself (as the column's default, Django's Now(), gives).
@@ -132,7 +132,7 @@ def insert_one(task: TaskRow, db: str) -> None:
     and database times."""
     args, kwargs = task_payload_json(task)
     run_after = task.run_after if isinstance(task.run_after, datetime) else None
-    with connections[db].cursor() as cursor:
+    with fast_cursor(db) as cursor:
         cursor.execute(ENQUEUE_ONE_SQL, [
             task.name, task.queue, args, kwargs, task.priority, task.max_attempts, run_after,
             getattr(task, "_delay_seconds", None), json.dumps(task.metadata), task.stage,
@@ -159,7 +159,7 @@ def insert_many(tasks: list[TaskRow], db: str) -> None:
         [t.concurrency_key for t in tasks],
         [t.concurrency_limit for t in tasks],
     ]
-    with connections[db].cursor() as cursor:
+    with fast_cursor(db) as cursor:
         cursor.execute(ENQUEUE_MANY_SQL, columns)
         rows = cursor.fetchall()
     for task, row in zip(tasks, rows, strict=True):

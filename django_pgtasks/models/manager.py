@@ -31,6 +31,7 @@ from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import InvalidTaskError, UnknownTaskError
 from django_pgtasks.lifecycle import claim as claiming
 from django_pgtasks.lifecycle import transitions
+from django_pgtasks.lifecycle.rows import load_rows
 from django_pgtasks.models import inserts
 from django_pgtasks.models.queries import TaskQuerySet
 from django_pgtasks.models.status import Status
@@ -174,7 +175,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                   task.priority, task.max_attempts, run_after,
                   getattr(task, "_delay_seconds", None), json.dumps(task.metadata), task.key,
                   task.stage, task.concurrency_key, task.concurrency_limit]
-        [row] = list(self.db_manager(db).raw(inserts.UPSERT_KEYED_SQL, params)) or [None]
+        [row] = load_rows(self.model, db, inserts.UPSERT_KEYED_SQL, params) or [None]
         if row is None:
             raise InvalidTaskError(
                 f"Key {task.key!r} belongs to a live task of another task name; keys are "
