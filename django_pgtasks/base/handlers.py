@@ -91,6 +91,13 @@ def cancel_signal(task: TaskRow) -> CancelSignal:
     return signal
 
 
+def cancel_was_signalled(task: TaskRow) -> bool:
+    """Whether ``task``'s cancellation signal is set, without creating one: the worker asks
+    this of every task it runs, and most never get a signal."""
+    signal = task.__dict__.get("_cancel_signal")
+    return signal is not None and signal.is_set()
+
+
 @dataclass(frozen=True)
 class TaskContext:
     """Passed as the first argument to handlers registered with ``context=True``."""

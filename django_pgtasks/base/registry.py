@@ -32,11 +32,13 @@ from django_pgtasks.base.handlers import (
     TaskContext,
     TaskHandler,
     cancel_signal,
+    cancel_was_signalled,
 )
 
 __all__ = [
     "MAX_NAME_LENGTH", "CancelSignal", "TaskContext", "TaskHandler", "add_resolver",
-    "cancel_signal", "get_handler", "pgtask", "register", "registered_names",
+    "cancel_signal", "cancel_was_signalled", "get_handler", "pgtask", "register",
+    "registered_names",
 ]
 
 logger = logging.getLogger("django_pgtasks")

@@ -1,23 +1,26 @@
-"""Task instances from the rows a claim returns, built at a fraction of ``raw()``'s cost.
+"""The cursor of the statements every task passes through, and the claimed rows as ``Task``
+instances, built at a fraction of ``raw()``'s cost.
 
 A claim returns whole rows (``RETURNING t.*``), and the worker turns each into a ``Task``:
 handlers, signal receivers and Django's task results read any of its fields, so none is left
 deferred (a deferred field would cost a query per task when read). ``Manager.raw()`` builds
-them correctly but slowly, and on a no-op task the claim's decoding was half of the worker's
-CPU. Three costs are avoided here, with the same instances as a result (the enqueue
-statements, whose rows carry two time stamps each, read them through :func:`fast_cursor`
-too):
+them correctly but slowly: on a no-op task, the claim's decoding was half of the worker's
+CPU. What is avoided here, with the same instances as a result:
 
 - Django reads every ``timestamptz`` through its own loader, a Python subclass of psycopg's
   that parses the text in Python (a task row has six). When the session's time zone is UTC
   and Django expects UTC (``USE_TZ`` with the default database ``TIME_ZONE``, which is what
   Django sets the session to), psycopg's own loader, in C, gives the same aware datetimes,
-  so the claim's cursor uses it;
+  so :func:`fast_cursor` uses it;
+- Django's cursor writes parameters into the statement as literals (client-side binding);
+  :class:`ServerBindingCursor` sends them apart;
 - ``RawQuerySet`` maps columns and applies converters row by row, through several layers;
   here the mapping and the converters (the JSON fields' ``from_db_value``) are worked out
   once per statement;
 - each instance is built positionally, the fast path ``Model.from_db()`` takes when it is
   given every field in order.
+
+The enqueue INSERTs and the outcome statements use :func:`fast_cursor` too.
 """
 
 from __future__ import annotations
@@ -27,22 +30,45 @@ from contextlib import contextmanager
 from datetime import UTC
 from typing import Any
 
+import psycopg
 from django.db import connections
+from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
 from django.db.models.expressions import Col
 from psycopg.types.datetime import TimestamptzLoader
 
 
+class ServerBindingCursor(psycopg.Cursor):
+    """A psycopg cursor that sends parameters apart from the statement and never prepares it.
+
+    Django's default cursor binds client-side: it writes every parameter into the statement
+    as an SQL literal, quoting each element of an array, and that was a tenth of a worker's
+    CPU on the claim and the batched outcome statements. Sent apart, arrays go as arrays.
+    Nothing is prepared on the server: a pooler in transaction mode (PgBouncer before 1.21)
+    may hand the next statement to another server session, where a prepared statement does
+    not exist.
+    """
+
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                binary: bool | None = None) -> Any:
+        return super().execute(query, params, prepare=bool(prepare), binary=binary)
+
+
 @contextmanager
 def fast_cursor(db: str) -> Iterator[CursorWrapper]:
-    """A cursor of ``db``'s connection (Django's, so query logging and ``execute_wrapper``
-    see its statements) that reads ``timestamptz`` with psycopg's C loader when that gives
-    what Django's would: Django and the session both in UTC."""
+    """A cursor of ``db``'s connection for the statements every task passes through (the
+    claim, the outcomes, the enqueue INSERTs): a :class:`ServerBindingCursor` in Django's
+    wrapper (so query logging and ``execute_wrapper`` see its statements), reading
+    ``timestamptz`` with psycopg's C loader where that gives what Django's loader would:
+    Django and the session both in UTC. Elsewhere it reads them as Django's own cursor does."""
     connection = connections[db]
-    with connection.cursor() as cursor:
-        raw = cursor.cursor
-        if connection.timezone is UTC and raw.connection.info.timezone is UTC:
-            raw.adapters.register_loader("timestamptz", TimestamptzLoader)
+    connection.ensure_connection()
+    raw = ServerBindingCursor(connection.connection)
+    if connection.timezone is UTC and raw.connection.info.timezone is UTC:
+        raw.adapters.register_loader("timestamptz", TimestamptzLoader)
+    else:
+        register_tzloader(connection.timezone, raw)
+    with connection._prepare_cursor(raw) as cursor:
         yield cursor
 
 

@@ -45,6 +45,7 @@ from django.db import connections
 from django_pgtasks.base.errors import qualified_name, reason_text, truncate_error
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import TooManyInterruptions, UnstorableResultError
+from django_pgtasks.lifecycle.rows import fast_cursor
 
 logger = logging.getLogger("django_pgtasks.worker")
 
@@ -354,7 +355,7 @@ def write(using: str, runs: Sequence[tuple[Claimed, Outcome]]) -> dict[int, str]
         for i, value in enumerate(values):
             columns[3 + i].append(value)
     params: list[Any] = _interrupted_params() if kind is Interrupted else []
-    with connections[using].cursor() as cursor:
+    with fast_cursor(using) as cursor:
         cursor.execute(sql, [*params, *columns])
         return dict(cursor.fetchall())
 

@@ -19,7 +19,7 @@ from django_pgtasks.base.errors import (
     reason_text,
     truncate_error,
 )
-from django_pgtasks.base.registry import TaskHandler, cancel_signal, get_handler
+from django_pgtasks.base.registry import TaskHandler, cancel_was_signalled, get_handler
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import (
     ConnectionLost,
@@ -62,7 +62,7 @@ class TaskExecution:
             self._end(task, None, started, self._outcome_of(task, None, exc), exc)
             return
         task.followups = []  # next pipeline stages, filled by TaskContext.then()
-        if task.cancel_requested or cancel_signal(task).is_set():
+        if task.cancel_requested or cancel_was_signalled(task):
             # Cancelled after the claim (e.g. while prefetched), or rescued after its
             # cancellation was requested: it never starts.
             try:
@@ -146,7 +146,7 @@ class TaskExecution:
         """How a run that raised ``exc`` ends: cancelled (its cancellation was requested, or
         it raised ``TaskCancelled``), snoozed, interrupted (its connection was lost, or its
         code could not be imported: not the handler's failure), or failed."""
-        if isinstance(exc, TaskCancelled) or cancel_signal(task).is_set():
+        if isinstance(exc, TaskCancelled) or cancel_was_signalled(task):
             return Cancelled(error_text(exc))
         if isinstance(exc, Snooze):
             return Snoozed(exc.seconds)

@@ -23,7 +23,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -331,12 +331,13 @@ class Worker(Watchdog, TaskExecution):
             self.outcomes.forget(entries)
             if any(statuses.get(task.pk) is None for task, *_ in entries):
                 self._lost_outcomes()
-            for task, _outcome, done, _at in entries:
-                status = statuses.get(task.pk)
-                if self._pool is not None:
-                    self._pool.call_soon(lambda done=done, status=status: done(status))
-                else:
-                    done(status)
+            # The batch's callbacks go to the pool as one job, not one each: a hand-off to a
+            # thread costs more than a quick callback (signals, a log line).
+            calls = [(done, statuses.get(task.pk)) for task, _outcome, done, _at in entries]
+            if self._pool is not None:
+                self._pool.call_soon(lambda calls=calls: _call_each(calls))
+            else:
+                _call_each(calls)
 
     def _database_error(self, what: str, exc: BaseException) -> None:
         # While the server refuses connections (restarting, overloaded), retry often enough
@@ -402,3 +403,12 @@ class Worker(Watchdog, TaskExecution):
         logger.warning("Worker %s exiting with %d task(s) unfinished; they were given back.",
                        self.worker_id, len(unfinished))
         return 1
+
+
+def _call_each(calls: list[tuple[Callable[[str | None], object], str | None]]) -> None:
+    """Call each ``done(status)``; one that raises is logged and the others still run."""
+    for done, status in calls:
+        try:
+            done(status)
+        except Exception:
+            logger.exception("Error in a callback run after a task's outcome was recorded.")

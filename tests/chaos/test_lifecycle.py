@@ -226,13 +226,19 @@ def test_a_worker_shut_down_past_its_grace_gives_its_tasks_back_unspent() -> Non
     task = Task.objects.enqueue(tasks.sleepy, 30, max_attempts=1)
     worker = Worker(concurrency=1, shutdown_grace=0.2)
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    # RUNNING in the table is not enough: a claimed task that no pool thread has taken yet
+    # is given back unstarted at shutdown. task_started is sent on the thread, just before
+    # the handler runs.
+    started = threading.Event()
+    task_started.connect(lambda **kwargs: started.set(), weak=False, dispatch_uid="grace")
     thread.start()
     try:
-        wait_until(lambda: Task.objects.running().exists(), 30, "the task to start")
+        assert started.wait(30), "the task did not start"
         worker.stop()
         thread.join(30)
         assert not thread.is_alive()
     finally:
+        task_started.disconnect(dispatch_uid="grace")
         connections.close_all()
     task.refresh_from_db()
     assert (task.status, task.attempt, task.interruptions) == (Status.READY, 0, 1)
