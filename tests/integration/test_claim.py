@@ -288,3 +288,22 @@ def test_a_worker_turn_claims_and_records_a_batch_in_two_statements() -> None:
     assert (sql[0], sql[2]) == ("BEGIN", "COMMIT")
     assert "FOR UPDATE SKIP LOCKED" in sql[1]
     assert sql[3].lstrip().startswith("UPDATE pgtasks_task"), sql[3]
+
+
+def test_the_worker_statements_are_never_prepared_on_the_server() -> None:
+    """They bind on the server but prepare nothing: a pooler in transaction mode may give
+    the next statement another server session, where a prepared statement does not exist."""
+    connection.ensure_connection()
+    # Even on a connection set to prepare every statement at once (Django leaves psycopg's
+    # prepare_threshold off unless OPTIONS ask for it).
+    connection.connection.prepare_threshold = 0
+    try:
+        for _ in range(3):
+            Task.objects.enqueue(tasks.noop)
+            [claimed] = Task.objects.claim("w1")
+            assert Task.objects.mark_succeeded(claimed, None)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+            assert cursor.fetchone()[0] == 0
+    finally:
+        connection.connection.prepare_threshold = None
