@@ -62,8 +62,11 @@ def fast_cursor(db: str) -> Iterator[CursorWrapper]:
     ``timestamptz`` with psycopg's C loader where that gives what Django's loader would:
     Django and the session both in UTC. Elsewhere it reads them as Django's own cursor does."""
     connection = connections[db]
+    # As Django's own cursor() opens one: health check, connection, errors wrapped.
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
-    raw = ServerBindingCursor(connection.connection)
+    with connection.wrap_database_errors:
+        raw = ServerBindingCursor(connection.connection)
     if connection.timezone is UTC and raw.connection.info.timezone is UTC:
         raw.adapters.register_loader("timestamptz", TimestamptzLoader)
     else:
