@@ -69,9 +69,11 @@ def fails_after_cancel(ctx: TaskContext) -> None:
 
 @pgtask(context=True, max_attempts=3)
 async def async_stoppable(ctx: TaskContext) -> str:
-    """Awaits forever; cancellation cancels its coroutine."""
-    await sync_to_async(_log)(ctx)
+    """Awaits forever; cancellation cancels its coroutine. The log row is written inside the
+    ``try``: the test cancels once it sees the row, which may be before the coroutine has
+    resumed from that await."""
     try:
+        await sync_to_async(_log)(ctx)
         await asyncio.sleep(LONG)
     except asyncio.CancelledError:
         coroutines_cancelled.append(ctx.task_id)
