@@ -350,9 +350,12 @@ def test_a_100k_row_purge_keeps_every_transaction_short_and_blocks_no_claim() ->
     figures = (f"{LARGE} rows in {elapsed:.2f}s ({LARGE / elapsed:,.0f} rows/s), longest "
                f"purge transaction {longest_xact[0] * 1000:.1f} ms, {cycles_during} claim "
                f"cycles during the purge, slowest {max(cycles) * 1000:.1f} ms")
-    assert 0 < longest_xact[0] < min(0.5, elapsed / 10), figures
+    # Bounds relative to the whole purge, not clock times (a loaded machine stretches every
+    # transaction alike): one transaction for all the rows, or a claim that waited for it,
+    # would take most of the purge's time.
+    assert 0 < longest_xact[0] < elapsed / 4, figures
     assert cycles_during >= 10, figures
-    assert max(cycles) < 0.5, figures
+    assert max(cycles) < elapsed / 4, figures
     assert lock_waits == [], figures
 
 

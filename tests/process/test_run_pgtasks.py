@@ -84,11 +84,14 @@ def test_sigterm_lets_running_tasks_finish_and_claims_nothing_more(start_command
 
 
 def test_tasks_past_the_grace_period_are_given_back_without_spending_an_attempt(
-        start_command) -> None:
-    task = Task.objects.enqueue(tasks.sleepy, 60)
+        start_command, tmp_path) -> None:
+    marker = tmp_path / "started"
+    task = Task.objects.enqueue(tasks.waits_for, str(tmp_path / "never"), 60, str(marker))
     process = start_command("run_pgtasks", "--shutdown-grace", "0.5")
     out = Output(process)
-    wait_until(lambda: Task.objects.running().exists())
+    # RUNNING is not enough: a claimed task no thread has started yet is given back
+    # unstarted (exit code 0), not interrupted past the grace period.
+    wait_until(marker.exists, what="the handler to start")
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 1, out.text
