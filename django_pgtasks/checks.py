@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -88,6 +89,8 @@ def check_queue_tables(
     if (not databases or not queues or not isinstance(queues, list | tuple | dict)
             or check_database() or check_queue_databases()):
         return []
+    if _run_by_migrate():
+        return []  # migrate is about to create the tables this check would miss
     from django_pgtasks.base.routing import queue_databases
 
     warnings: list[Warning] = []
@@ -109,10 +112,23 @@ def check_queue_tables(
                 f"The queue database {alias!r} has no task table (pgtasks_task): tasks of "
                 f"its queues ({', '.join(_queues_on(alias)) or 'none'}) cannot be enqueued or "
                 f"run.", obj="PGTASKS", id="django_pgtasks.W040",
-                hint=f"Run: python manage.py migrate --database {alias} (which shows this "
-                     f"warning once, before it creates the table).",
+                hint=f"Run: python manage.py migrate --database {alias}",
             ))
     return warnings
+
+
+def _run_by_migrate() -> bool:
+    """Whether these checks run at the start of ``manage.py migrate`` (or ``call_command``):
+    Django runs its database checks there with the same arguments as ``check --database``,
+    and nothing else tells the two apart than the command on the call stack."""
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _queues_on(alias: str) -> list[str]:
@@ -295,6 +311,8 @@ def check_connection_budget(
             or not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
             or check_database() or check_queue_databases()):
         return []  # the settings checks report what is wrong with these
+    if _run_by_migrate():
+        return []  # migrate is about to create the tables this check would miss
     from django_pgtasks.base.routing import queue_databases
 
     warnings: list[Warning] = []

@@ -6,6 +6,8 @@ import math
 from datetime import timedelta
 from typing import Any
 
+from django.db import ProgrammingError
+
 
 class PgTasksError(Exception):
     """Base class of every error django-pgtasks raises."""
@@ -143,3 +145,13 @@ class TaskWaitTimeout(PgTasksError, TimeoutError):
     def __init__(self, message: str, task: Any = None) -> None:
         super().__init__(message)
         self.task = task
+
+
+class NotMigratedError(PgTasksError, ProgrammingError):
+    """The database lacks django-pgtasks' tables or its newest migrations: run
+    ``manage.py migrate``. ``alias`` is the database. A ``ProgrammingError``, so code that
+    catches database errors catches it too; its cause is the database's own error, if any."""
+
+    def __init__(self, message: str, alias: str) -> None:
+        super().__init__(message)
+        self.alias = alias

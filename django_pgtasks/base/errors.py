@@ -33,7 +33,7 @@ TRANSIENT_SQLSTATES = frozenset({
 CONNECTION_SQLSTATES = frozenset({"08", "53300", "57P01", "57P02", "57P03"})
 
 
-def _sqlstates(exc: BaseException) -> list[str | None]:
+def sqlstates(exc: BaseException) -> list[str | None]:
     """The SQLSTATE of each psycopg error in ``exc``'s chain of causes (``None`` for an
     error raised by the driver itself, such as "the connection is closed")."""
     import psycopg
@@ -59,7 +59,7 @@ def is_transient(exc: BaseException) -> bool:
 
     if isinstance(exc, InterfaceError):
         return True
-    states = _sqlstates(exc)
+    states = sqlstates(exc)
     if not states:
         return isinstance(exc, OperationalError)
     return any(_matches(state, TRANSIENT_SQLSTATES) for state in states)

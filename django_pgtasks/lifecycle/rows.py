@@ -31,11 +31,13 @@ from datetime import UTC
 from typing import Any
 
 import psycopg
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
 from django.db.models.expressions import Col
 from psycopg.types.datetime import TimestamptzLoader
+
+from django_pgtasks.base.schema import is_missing_schema, not_migrated
 
 
 class ServerBindingCursor(psycopg.Cursor):
@@ -72,7 +74,13 @@ def fast_cursor(db: str) -> Iterator[CursorWrapper]:
     else:
         register_tzloader(connection.timezone, raw)
     with connection._prepare_cursor(raw) as cursor:
-        yield cursor
+        try:
+            yield cursor
+        except DatabaseError as exc:
+            # "relation pgtasks_task does not exist": say to run migrate (base/schema.py).
+            if is_missing_schema(exc):
+                raise not_migrated(db) from exc
+            raise
 
 
 def load_rows(model: type, db: str, sql: str, params: list[Any]) -> list[Any]:

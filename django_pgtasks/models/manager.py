@@ -21,6 +21,7 @@ from django_pgtasks.base.payload import serialize_payload, task_payload_json
 from django_pgtasks.base.registry import TaskHandler, get_handler
 from django_pgtasks.base.routing import database_for_queue, queues_on
 from django_pgtasks.base.rows import TaskRow
+from django_pgtasks.base.schema import explain_missing_schema
 from django_pgtasks.base.validation import (
     delay_seconds,
     resolve_concurrency,
@@ -262,7 +263,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                 handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs)))
         if not payloads:
             return []
-        with connections[self._db_alias(using, queue)].cursor() as cursor:
+        db = self._db_alias(using, queue)
+        with explain_missing_schema(db), connections[db].cursor() as cursor:
             # Ids are taken from the table's identity sequence first, since COPY returns none.
             cursor.execute("SELECT nextval(pg_get_serial_sequence('pgtasks_task', 'id')) "
                            "FROM generate_series(1, %s)", [len(payloads)])

@@ -35,10 +35,9 @@ from django_pgtasks.base.errors import (
     is_connection_loss,
     reason_text,
 )
+from django_pgtasks.base.schema import is_missing_schema, not_migrated
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.exceptions import (
-    WorkerShutdown,
-)
+from django_pgtasks.exceptions import NotMigratedError, WorkerShutdown
 from django_pgtasks.lifecycle.recorder import Recorder, close_connection
 from django_pgtasks.lifecycle.transitions import (
     Interrupted,
@@ -187,11 +186,11 @@ class Worker(Watchdog, TaskExecution):
                 # retry), after its snapshot.
                 if not busy and not recording and self.burst and retry_in is None:
                     break
-                listener.claimed_all_due()
+                self.listener.claimed_all_due()
             code = max(self._shutdown(pool), self._exit_code)
         finally:
             self._record_outcomes(everything=True)
-            listener.stop()  # unregisters the worker
+            self._stop_watchdog(listener)  # unregisters the worker
             connections[self.using].close()
         logger.info("Worker %s stopped after %d task(s).", self.worker_id, self.processed)
         return code
@@ -261,6 +260,8 @@ class Worker(Watchdog, TaskExecution):
                 self._prepare_session()
                 job.run(self.using)
             except (DatabaseError, InterfaceError) as exc:
+                if self._stop_if_not_migrated(exc):
+                    return
                 logger.error("Maintenance job %s failed: %s", job.name, exc)
                 close_connection(self.using)
         if self._check_orphans:
@@ -339,7 +340,21 @@ class Worker(Watchdog, TaskExecution):
             else:
                 _call_each(calls)
 
+    def _stop_if_not_migrated(self, exc: BaseException) -> bool:
+        """Stop the worker (exit status 1) when ``exc`` says the database lacks the tables or
+        columns of django-pgtasks: no retry can fix that, ``migrate`` can."""
+        if not (isinstance(exc, NotMigratedError) or is_missing_schema(exc)):
+            return False
+        if not self._stop.is_set():
+            logger.critical("Worker %s stopping: %s", self.worker_id, not_migrated(self.using))
+        self._exit_code = 1
+        self._stop.set()
+        close_connection(self.using)
+        return True
+
     def _database_error(self, what: str, exc: BaseException) -> None:
+        if self._stop_if_not_migrated(exc):
+            return
         # While the server refuses connections (restarting, overloaded), retry often enough
         # to resume within RECONNECT_PAUSE_MAX of its return.
         limit = RECONNECT_PAUSE_MAX if is_connection_loss(exc) else pgtasks_settings.ERROR_PAUSE_MAX

@@ -24,6 +24,7 @@ from django_pgtasks.base.budget import (
     connections_needed,
 )
 from django_pgtasks.base.routing import database_for_queue, queue_databases, queues_on
+from django_pgtasks.base.schema import missing_migrations, not_migrated
 from django_pgtasks.base.sessions import open_connection
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.worker.supervisor import configure_logging
@@ -34,22 +35,29 @@ logger = logging.getLogger("django_pgtasks.run_pgtasks")
 WORKER_APPLICATION_NAME = "pgtasks worker"
 
 
-def warn_if_over_budget(alias: str, processes: int, threads: int) -> None:
-    """Log a WARNING when ``processes`` worker processes of ``threads`` threads may need more
-    connections to ``alias`` than its server accepts (:mod:`django_pgtasks.base.budget`)."""
+def preflight(alias: str, processes: int, threads: int) -> None:
+    """Before any worker starts on ``alias``: raise
+    :class:`~django_pgtasks.exceptions.NotMigratedError` when the database lacks migrations
+    of django-pgtasks, and log a WARNING when ``processes`` worker processes of ``threads``
+    threads may need more connections than its server accepts
+    (:mod:`django_pgtasks.base.budget`). A database that cannot be reached is left to the
+    workers, which wait for it (and stop with the same error if it comes back unmigrated)."""
     if connections[alias].vendor != "postgresql":
         return  # the worker refuses such a database itself (and check E002 reports it)
     try:
         # A connection of its own, closed at once: nothing opened here outlives the start-up
         # or is shared with the workers (or with a pool they would inherit).
         with open_connection(alias) as conn:
+            missing = missing_migrations(conn.cursor())
             max_connections, superuser_reserved, reserved = conn.execute(
                 SERVER_LIMITS_SQL
             ).fetchone()
     except psycopg.Error as exc:
-        logger.info("Connection budget not checked: database=%s could not be read: %s",
+        logger.info("Start-up checks skipped: database=%s could not be read: %s",
                     alias, str(exc).strip())
         return
+    if missing:
+        raise not_migrated(alias, missing)
     available = available_connections(max_connections, superuser_reserved, reserved)
     needed = connections_needed(processes, threads, connections[alias].settings_dict)
     if needed > available:
@@ -112,7 +120,7 @@ def run(groups: list[dict[str, Any]], processes: int, log_level: str) -> int:
     # tell them apart in pg_stat_activity.
     os.environ.setdefault("PGAPPNAME", WORKER_APPLICATION_NAME)
     for group in groups:
-        warn_if_over_budget(
+        preflight(
             group["using"], processes, group["concurrency"] or pgtasks_settings.CONCURRENCY
         )
     if processes > 1 or len(groups) > 1:

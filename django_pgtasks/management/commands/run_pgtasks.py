@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.exceptions import NotMigratedError
 from django_pgtasks.worker import startup
 
 logger = logging.getLogger("django_pgtasks.run_pgtasks")
@@ -98,7 +99,10 @@ class Command(BaseCommand):
                                            note=self.stderr.write)
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
-        code = startup.run(groups, options["processes"], options["log_level"])
+        try:
+            code = startup.run(groups, options["processes"], options["log_level"])
+        except NotMigratedError as exc:
+            raise CommandError(str(exc)) from exc
         if code:
             raise SystemExit(code)
 
