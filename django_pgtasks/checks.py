@@ -311,8 +311,6 @@ def check_connection_budget(
             or not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
             or check_database() or check_queue_databases()):
         return []  # the settings checks report what is wrong with these
-    if _run_by_migrate():
-        return []  # migrate is about to create the tables this check would miss
     from django_pgtasks.base.routing import queue_databases
 
     warnings: list[Warning] = []
