@@ -5,6 +5,7 @@ ImmediateBackend is in test_backend_contract.py."""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
@@ -360,6 +361,22 @@ def test_options_set_the_default_attempts_and_backoff(settings) -> None:
     drain()
     result.refresh()
     assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 2)
+
+
+def test_each_state_change_is_logged_once(caplog) -> None:
+    # Django's tasks framework logs task_started/task_finished itself; the worker already
+    # logs every state change (with attempt, duration and error), so Django's lines are
+    # dropped while the worker sends those signals, on both Django lines.
+    ok = dj_tasks.add.enqueue(1, 2)
+    failed = dj_tasks.fails.enqueue()
+    with caplog.at_level(logging.DEBUG):
+        drain()
+    lines = [(r.name, r.getMessage()) for r in caplog.records if "state=" in r.getMessage()]
+    for result, final in ((ok, "SUCCESSFUL"), (failed, "FAILED")):
+        mine = [(name, line) for name, line in lines if line.startswith(f"Task id={result.id} ")]
+        assert [line.split(" state=")[1].split()[0] for _, line in mine] == ["RUNNING", final]
+        assert {name for name, _ in mine} == {"django_pgtasks.worker"}
+    assert all(name.startswith("django_pgtasks") for name, _ in lines), lines
 
 
 def test_a_backoff_that_raises_fails_the_task_and_is_logged(settings, caplog) -> None:
