@@ -22,7 +22,7 @@ With queues on several databases (:mod:`django_pgtasks.base.routing`), every pag
 ``database`` query parameter naming the alias to show; it defaults to ``PGTASKS["DATABASE"]``.
 """
 
-from django_pgtasks.admin import controls, schedules, tasks
+from django_pgtasks.admin import controls, index_entry, schedules, tasks
 from django_pgtasks.admin.common import COUNT_LIMIT
 from django_pgtasks.admin.filters import ErrorGroupFilter, NameFilter, QueueFilter
 from django_pgtasks.admin.schedules import ScheduleAdmin
@@ -31,5 +31,5 @@ from django_pgtasks.monitoring.dashboard import error_group_expression
 
 __all__ = [
     "COUNT_LIMIT", "ErrorGroupFilter", "NameFilter", "QueueFilter", "ScheduleAdmin",
-    "TaskAdmin", "controls", "error_group_expression", "schedules", "tasks",
+    "TaskAdmin", "controls", "error_group_expression", "index_entry", "schedules", "tasks",
 ]

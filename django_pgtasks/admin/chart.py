@@ -21,11 +21,14 @@ COLORS = {
 
 
 def _nice_max(value: float) -> int:
-    """A round axis maximum at or above ``value`` (1, 2 or 5 times a power of ten)."""
-    if value <= 0:
-        return 1
-    magnitude = 1
-    while magnitude * 10 <= value:
+    """A round axis maximum at or above ``value`` whose half is a whole number too (the axis
+    is labelled at 0, half and max): 2, 4, 6 or 10 below ten, then 1, 2 or 5 times a power
+    of ten."""
+    for small in (2, 4, 6, 10):
+        if value <= small:
+            return small
+    magnitude = 10
+    while magnitude * 10 < value:
         magnitude *= 10
     for step in (1, 2, 5, 10):
         if step * magnitude >= value:

@@ -41,9 +41,11 @@ from django_pgtasks.models import (
 
 @admin.register(Task)
 class TaskAdmin(TaskActionsMixin, DashboardMixin, admin.ModelAdmin):
+    # What tells tasks apart comes first, so that the error stays in view on a laptop's
+    # screen; the worker holding a task is on its page (and the dashboard lists the stuck).
     list_display = (
-        "id", "name", "queue", "status", "priority", "attempts", "run_after", "finished_at",
-        "locked_by", "payload_summary", "error_summary",
+        "id", "name", "status", "attempts", "error_summary", "queue", "priority",
+        "run_after", "finished_at", "payload_summary",
     )
     list_filter = ("status", QueueFilter, NameFilter, ErrorGroupFilter)
     search_fields = ("key__exact",)

@@ -11,11 +11,11 @@ from django_pgtasks.models.manager import TaskManager
 from django_pgtasks.models.queries import CancelResult, TaskQuerySet
 from django_pgtasks.models.schedules import Schedule
 from django_pgtasks.models.status import CLAIM_ORDER, FINISHED, LIVE, PENDING, Status
-from django_pgtasks.models.task import ArchivedTask, Task, TaskFields
+from django_pgtasks.models.task import ArchivedTask, Dashboard, Task, TaskFields
 from django_pgtasks.models.workers import WorkerProcess
 
 __all__ = [
     "CLAIM_ORDER", "FINISHED", "LIVE", "MAX_RATE_LIMIT", "PENDING", "ArchivedTask",
-    "CancelResult", "KeyRateLimit", "QueueControl", "Schedule", "Status", "Task",
+    "CancelResult", "Dashboard", "KeyRateLimit", "QueueControl", "Schedule", "Status", "Task",
     "TaskFields", "TaskManager", "TaskQuerySet", "TimestampArrayField", "WorkerProcess",
 ]

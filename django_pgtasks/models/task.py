@@ -169,6 +169,17 @@ class Task(TaskFields):
         return Task.objects.wait(self, timeout, poll_interval=poll_interval)
 
 
+class Dashboard(Task):
+    """The admin dashboard's entry in the admin index (a proxy: no table, no permissions of
+    its own; viewing it takes the permission to view tasks)."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()
+        verbose_name = _("dashboard")
+        verbose_name_plural = _("dashboard")
+
+
 class ArchivedTask(TaskFields):
     """A finished task moved out of the task table by the purge (``PGTASKS["ARCHIVE"]``)."""
 

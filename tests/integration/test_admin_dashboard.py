@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.http import HttpResponse
@@ -232,6 +232,21 @@ def test_chart_svg_escapes_and_scales() -> None:
     assert str(chart.chart_svg([])) == ""
 
 
+@pytest.mark.parametrize(("most", "labels"), [
+    (0, ["0", "1", "2"]), (1, ["0", "1", "2"]), (3, ["0", "2", "4"]), (5, ["0", "3", "6"]),
+    (7, ["0", "5", "10"]), (11, ["0", "10", "20"]), (46, ["0", "25", "50"]),
+    (101, ["0", "100", "200"]),
+])
+def test_chart_axis_labels_are_three_different_whole_numbers(most: int,
+                                                             labels: list[str]) -> None:
+    hour = datetime(2026, 1, 1, tzinfo=UTC)
+    points = [dashboard.HourPoint(hour, most, 0, 0, 0, most)]
+    svg = str(chart.chart_svg(points))
+    left = re.findall(r'<text [^>]*text-anchor="end"[^>]*>([^<]*)</text>', svg)
+    right = re.findall(r'<text [^>]*text-anchor="start"[^>]*>([^<]*)</text>', svg)
+    assert left == right == labels  # from the bottom up: 0, half, max
+
+
 def test_whole_table_numbers_are_marked_as_estimates(admin_client: Client) -> None:
     insert(50)
     insert(10, status=Status.FAILED, error="Boom ")
@@ -258,6 +273,28 @@ def test_one_section_per_task_database(admin_client: Client) -> None:
 def test_the_task_list_links_to_the_dashboard(admin_client: Client) -> None:
     content = admin_client.get(CHANGELIST).content.decode()
     assert f'href="{DASHBOARD}"' in content
+
+
+def test_the_admin_index_links_to_the_dashboard(admin_client: Client,
+                                                viewer_client: Client) -> None:
+    entry = "/admin/django_pgtasks/dashboard/"
+    for client in (admin_client, viewer_client):
+        index = client.get("/admin/").content.decode()
+        assert f'<a href="{entry}">Dashboard</a>' in index
+        assert client.get("/admin/django_pgtasks/").content.decode().count(entry) >= 1
+        response = client.get(entry)
+        assert (response.status_code, response.url) == (302, DASHBOARD)
+    # Nothing to add, change or delete through the entry.
+    assert admin_client.get(f"{entry}add/").status_code == 404
+    # ...and no permissions of its own: those of tasks decide.
+    assert not Permission.objects.filter(content_type__model="dashboard").exists()
+
+
+def test_users_without_task_permissions_get_no_dashboard_entry(client: Client) -> None:
+    user = User.objects.create_user("staff-only", password="unused", is_staff=True)
+    client.force_login(user)
+    assert "/admin/django_pgtasks/dashboard/" not in client.get("/admin/").content.decode()
+    assert client.get("/admin/django_pgtasks/dashboard/").status_code == 403
 
 
 def test_snapshot_refuses_bad_windows() -> None:

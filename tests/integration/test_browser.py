@@ -194,13 +194,17 @@ def test_operator_retries_a_failed_error_group_from_the_dashboard(
 def operator_session(server_url: str, browser: Any, screenshots: Path) -> None:
     rows = seed()
 
-    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    # A laptop's screen.
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.route("**/static/**", serve_admin_static)
-    dashboard_path = "/admin/django_pgtasks/task/dashboard/"
-    page.goto(f"{server_url}/admin/login/?next={dashboard_path}")
+    page.goto(f"{server_url}/admin/login/?next=/admin/")
     page.fill("#id_username", "operator")
     page.fill("#id_password", PASSWORD)
     page.click("input[type=submit]")
+    page.wait_for_url("**/admin/")
+    # The admin index leads to the dashboard.
+    page.locator("#content-main a", has_text="Dashboard").click()
+    dashboard_path = "/admin/django_pgtasks/task/dashboard/"
     page.wait_for_url(f"**{dashboard_path}")
 
     # The dashboard answers the three questions.
@@ -216,9 +220,11 @@ def operator_session(server_url: str, browser: Any, screenshots: Path) -> None:
     # Open the failed group: exactly its three tasks.
     groups.nth(0).locator("a").first.click()
     page.wait_for_selector("#result_list")
-    if page.locator("#toggle-nav-sidebar").is_visible():
-        page.click("#toggle-nav-sidebar")  # room for the columns
     assert page.locator("#result_list tbody tr").count() == 3
+    # The error column is in view, with the navigation sidebar open.
+    error_column = page.locator("#result_list th.column-error_summary").bounding_box()
+    assert error_column is not None
+    assert error_column["x"] + error_column["width"] <= 1280, error_column
     page.screenshot(path=str(screenshots / "admin-failed-group.png"), full_page=True)
 
     # Retry them now, through the confirmation page.

@@ -6,8 +6,10 @@ code block of the tutorial runs.
 - Every ``PGTASKS`` key has a section and a summary row with its default in
   ``docs/reference/settings.md``, and every option of every management command is in
   ``docs/reference/commands.md``.
-- The tutorial (``docs/tutorial.md``) is followed literally in a project of its own: its
-  ``# path`` Python blocks become the project's files, its console commands run, its
+- The tutorial (``docs/tutorial.md``) is followed literally in a project made by the running
+  Django's ``startproject``: its ``# path`` Python blocks become the project's files (a
+  ``# settings.py`` block is merged into the project's settings, and a block headed
+  ``# path (Django 5.2 and 6.0)`` only applies there), its console commands run, its
   ``pycon`` sessions run as doctests in ``manage.py shell`` order, and the worker's log in its
   ``text`` block matches what the worker logs. A new block the test does not know fails it.
 """
@@ -115,23 +117,45 @@ TUTORIAL = DOCS / "tutorial.md"
 #: The console commands of the tutorial, and what the test runs for each. ``None``: not run,
 #: with the reason checked otherwise.
 CONSOLE = {
-    # The package is installed in the test environment; the extra must exist.
-    'python -m pip install "django-pgtasks[binary]"': None,
+    # The package is installed in the test environment; the clone's URL and the extra must be
+    # the project's.
+    "git clone https://github.com/django-pgtasks/django-pgtasks.git": None,
+    'python -m pip install "./django-pgtasks[binary]"': None,
     "python manage.py migrate": ["migrate"],
     # The tutorial's worker runs until Ctrl-C; --burst stops it once the queue is drained.
     "python manage.py run_pgtasks": ["run_pgtasks", "--burst"],
 }
 
-#: Settings the tutorial assumes its reader's project already has.
-PROJECT_SETTINGS = '''\
+#: What the reader's project, made by ``startproject``, is told besides the tutorial: its
+#: database is PostgreSQL.
+PROJECT_DATABASE = '''
 from django_pgtasks.dev import database_config
-
-SECRET_KEY = "tutorial-test"
-USE_TZ = True
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASES = {"default": database_config("tutorial")}
-ROOT_URLCONF = "urls"
 '''
+
+#: ``INSTALLED_APPS = [...]`` of a settings block, whose ``# ...`` stands for the project's apps.
+INSTALLED_APPS = re.compile(r"^INSTALLED_APPS = \[\n(?P<apps>.*?)^\]\n", re.MULTILINE | re.DOTALL)
+
+
+def applies_here(header: str) -> bool:
+    """Whether a block headed ``# path (Django 5.2 and 6.0)`` is for the Django running."""
+    import django
+
+    versions = re.search(r"\(Django ([\d. and]+)\)", header)
+    return versions is None or f"{django.VERSION[0]}.{django.VERSION[1]}" in versions[1].split(
+        " and ")
+
+
+def merge_settings(settings: Path, block: str) -> None:
+    """Do what the tutorial's settings block says to a project's settings: its apps join the
+    project's (``# ...``), its other lines are added at the end."""
+    apps = INSTALLED_APPS.search(block)
+    if apps:
+        names = re.findall(r'"([\w.]+)"', apps["apps"])
+        block = (block[:apps.start()] + f"INSTALLED_APPS += [app for app in {names!r} "
+                 f"if app not in INSTALLED_APPS]\n" + block[apps.end():])
+    settings.write_text(settings.read_text() + "\n" + block)
+
 
 SHELL = '''\
 import doctest, sys
@@ -172,11 +196,15 @@ def test_every_code_block_of_the_tutorial_runs(
 ) -> None:
     project = tmp_path / "project"
     project.mkdir()
-    # The reader's existing project: an accounts app (no models needed) and a URLconf.
+    # The reader's existing project, as this Django's startproject makes it (Django 6.1's
+    # configures email with MAILERS, say), on PostgreSQL, with an accounts app (no models).
+    subprocess.run([sys.executable, "-m", "django", "startproject", "mysite", str(project)],
+                   check=True, capture_output=True, timeout=60)
+    settings = project / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + PROJECT_DATABASE)
     (project / "accounts").mkdir()
     (project / "accounts" / "__init__.py").touch()
-    (project / "urls.py").write_text("urlpatterns = []\n")
-    env = {**tutorial_database, "DJANGO_SETTINGS_MODULE": "settings",
+    env = {**tutorial_database, "DJANGO_SETTINGS_MODULE": "mysite.settings",
            "PYTHONPATH": f"{project}:{ROOT}"}
 
     def manage(*args: str) -> subprocess.CompletedProcess:
@@ -194,21 +222,28 @@ def test_every_code_block_of_the_tutorial_runs(
     sessions = 0
     for lang, body in code_blocks(TUTORIAL):
         if lang == "python":
-            path, _, code = body.partition("\n")
-            assert path.startswith("# "), f"a Python block must start with '# path':\n{body}"
-            target = project / path[2:].strip()
+            header, _, code = body.partition("\n")
+            assert header.startswith("# "), f"a Python block must start with '# path':\n{body}"
+            if not applies_here(header):
+                continue
+            path = header[2:].split(" (")[0].strip()
+            if path == "settings.py":
+                merge_settings(settings, code)
+                continue
+            target = project / path
             target.parent.mkdir(parents=True, exist_ok=True)
             (target.parent / "__init__.py").touch()
-            if target.name == "settings.py":
-                code = PROJECT_SETTINGS + code
             target.write_text(code)
         elif lang == "console":
             for line in body.splitlines():
                 command = line.removeprefix("$ ").strip()
                 assert command in CONSOLE, f"unknown tutorial command, teach the test: {line}"
                 if CONSOLE[command] is None:
-                    extra = re.search(r"django-pgtasks\[(\w+)\]", command)
                     pyproject = (ROOT / "pyproject.toml").read_text()
+                    if command.startswith("git clone "):
+                        assert command.split()[-1].removesuffix(".git") in pyproject, command
+                        continue
+                    extra = re.search(r"django-pgtasks\[(\w+)\]", command)
                     assert extra, command
                     assert f"\n{extra[1]} = [" in pyproject, command
                     continue
