@@ -1,10 +1,12 @@
-"""The periodic schedules: read-only rows, with their next and last runs in their own time zone."""
+"""The periodic schedules, with their next and last runs in their own time zone: those declared
+in code read-only, those made here editable."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin.templatetags.admin_urls import admin_urlname
 from django.db.models import Case, OuterRef, Subquery, Value, When
@@ -20,30 +22,73 @@ from django_pgtasks.models import (
     Status,
     Task,
 )
+from django_pgtasks.scheduling import runtime
+
+
+class ScheduleForm(forms.ModelForm):
+    """A schedule made or changed in the admin, checked as the scheduler will run it."""
+
+    class Meta:
+        model = Schedule
+        fields = ("name", *runtime.DEFINITION_FIELDS)
+        help_texts = {
+            "spec": _("A cron expression (\"0 3 * * *\", \"@hourly\") or a period "
+                      "(\"every 30m\", \"every 1h30m\", \"every 90s\")."),
+            "task_name": _("The registered name of a @pgtask handler."),
+            "timezone": _("Where a cron expression is read, e.g. Europe/Paris."),
+        }
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        schedule = Schedule(name=cleaned.get("name", self.instance.name), **{
+            field: cleaned.get(field) for field in runtime.DEFINITION_FIELDS})
+        schedule.args = cleaned.get("args") if cleaned.get("args") is not None else []
+        schedule.kwargs = cleaned.get("kwargs") if cleaned.get("kwargs") is not None else {}
+        runtime.validate(schedule)
+        cleaned["args"], cleaned["kwargs"] = schedule.args, schedule.kwargs
+        return cleaned
 
 
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
-    """Periodic tasks, read-only: a schedule is declared in code and its row is written by
-    the scheduler alone (see :mod:`django_pgtasks.scheduling.job`).
+    """Periodic tasks. Those declared in code are read-only here: their row is written by
+    the scheduler alone (see :mod:`django_pgtasks.scheduling.job`). Those made here
+    (``source = "database"``) can be changed, enabled, disabled and deleted; the workers
+    pick a change up at their next scheduler pass (:mod:`django_pgtasks.scheduling.runtime`).
 
     Each row shows when the next run is planned, the last planned run, and the task it
-    produced with its current status. A row whose schedule is no longer declared produces
-    no runs; only such rows may be deleted here.
+    produced with its current status. A row of code whose schedule is no longer declared
+    produces no runs; such rows may be deleted here too.
     """
 
+    form = ScheduleForm
     list_display = (
         "name", "task_name", "spec", "timezone", "next_run", "last_run", "last_task",
-        "last_outcome", "enabled", "declared",
+        "last_outcome", "enabled", "source", "declared",
     )
-    list_filter = ("enabled",)
+    list_filter = ("enabled", "source")
     search_fields = ("name", "task_name")
     ordering = ("name",)
-    fields = (
-        "name", "task_name", "spec", "timezone", "enabled", "declared", "next_run", "last_run",
-        "last_task", "last_outcome", "created_at", "updated_at",
-    )
-    readonly_fields = fields
+    #: What a row shows besides its definition, always read-only.
+    state_fields = ("declared", "next_run", "last_run", "last_task", "last_outcome",
+                    "created_at", "updated_at")
+
+    def get_fields(self, request: HttpRequest, obj: Schedule | None = None) -> tuple[str, ...]:
+        definition = ("name", *runtime.DEFINITION_FIELDS)
+        return definition if obj is None else (*definition, "source", *self.state_fields)
+
+    def get_readonly_fields(self, request: HttpRequest,
+                            obj: Schedule | None = None) -> tuple[str, ...]:
+        if obj is None:
+            return ()
+        if obj.source == Schedule.Source.DATABASE and self.has_change_permission(request, obj):
+            return ("name", "source", *self.state_fields)  # the name is the row's identity
+        return self.get_fields(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
+        runtime.save(obj)
 
     def get_queryset(self, request: HttpRequest) -> Any:
         from django_pgtasks.scheduling.declarations import declared_names
@@ -103,15 +148,17 @@ class ScheduleAdmin(admin.ModelAdmin):
     def declared(self, obj: Schedule) -> bool:
         return bool(getattr(obj, "is_declared", False))
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # rows come from declarations in code
-
     def has_change_permission(self, request: HttpRequest, obj: Schedule | None = None) -> bool:
-        return False  # only the scheduler writes a row, guarded on its planned time
+        # A schedule declared in code is changed in code; only the scheduler writes its row.
+        if obj is not None and obj.source != Schedule.Source.DATABASE:
+            return False
+        return super().has_change_permission(request, obj)
 
     def has_delete_permission(self, request: HttpRequest, obj: Schedule | None = None) -> bool:
         # A declared schedule's row would come back at the next pass with a fresh plan, so
-        # only leftovers of schedules removed from code may go, one at a time.
-        if obj is None or getattr(obj, "is_declared", True):
+        # only schedules made here and leftovers of schedules removed from code may go, one
+        # at a time.
+        if obj is None or (obj.source != Schedule.Source.DATABASE
+                           and getattr(obj, "is_declared", True)):
             return False
         return super().has_delete_permission(request, obj)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -180,6 +181,36 @@ def parse_when(value: Any) -> When:
     if isinstance(value, str):
         return Cron(value)
     return Every(_as_period(value))
+
+
+#: A period as :attr:`Every.spec` writes it: ``every 1d2h30m``, ``every 90s``, ``every 0.5s``.
+PERIOD_SPEC = re.compile(r"every\s+((?:\d+(?:\.\d+)?\s*[dhms]\s*)+)", re.IGNORECASE)
+_PERIOD_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([dhms])", re.IGNORECASE)
+_UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
+
+
+def parse_spec(spec: str) -> When:
+    """The schedule a stored or typed ``spec`` describes: ``every <period>`` (as
+    :attr:`Every.spec` writes it, e.g. ``every 1h30m``) or a cron expression. Raises
+    ``ImproperlyConfigured`` for anything else."""
+    if not isinstance(spec, str):
+        raise ImproperlyConfigured(f"A schedule must be text, not {spec!r}.")
+    text = spec.strip()
+    period = PERIOD_SPEC.fullmatch(text)
+    if period:
+        units: dict[str, float] = {}
+        for number, unit in _PERIOD_PART.findall(period[1]):
+            name = _UNITS[unit.lower()]
+            units[name] = units.get(name, 0.0) + float(number)
+        try:
+            return Every(timedelta(**units))
+        except OverflowError:
+            raise ImproperlyConfigured(f"The period of {spec!r} is too long.") from None
+    if text.lower().startswith("every"):
+        raise ImproperlyConfigured(
+            f"{spec!r} is not a period: write it as 'every 1d2h30m', 'every 90s' (days, "
+            f"hours, minutes, seconds), or use a cron expression.")
+    return Cron(text)
 
 
 def _as_period(value: Any) -> timedelta:

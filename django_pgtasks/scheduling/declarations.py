@@ -33,7 +33,8 @@ from django_pgtasks.base.schedules import (
 
 @dataclass(frozen=True)
 class Declaration:
-    """One schedule as declared in code: what to run, when, and where."""
+    """One schedule: what to run, when, and where. Declared in code, or read from a row made
+    in the admin (:func:`django_pgtasks.scheduling.runtime.declaration_of`)."""
 
     name: str
     task: str
@@ -43,6 +44,7 @@ class Declaration:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     queue: str | None = None
     enabled: bool = True
+    priority: int | None = None
 
     @property
     def spec(self) -> str:
@@ -61,7 +63,8 @@ class Declaration:
         """An unsaved, validated task for the run planned at ``planned``."""
         from django_pgtasks.models import Task
 
-        task = Task.objects.build(self.task, *self.args, queue=self.queue, **self.kwargs)
+        task = Task.objects.build(self.task, *self.args, queue=self.queue,
+                                  priority=self.priority, **self.kwargs)
         task.metadata = {"schedule": self.name, "planned_at": planned.astimezone(UTC).isoformat()}
         return task
 

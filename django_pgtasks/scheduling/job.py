@@ -52,10 +52,14 @@ logger = logging.getLogger("django_pgtasks.scheduling")
 
 # -- the scheduler job ---------------------------------------------------------------------
 
+# One query per pass: the rows of the schedules this process declares, and the schedules
+# made in the admin that are due on the database clock (with what they run).
 STATE_SQL = """
     SELECT name, task_name, spec, timezone, enabled, next_run_at, last_run_at,
-           next_run_at <= now()
-    FROM pgtasks_schedule WHERE name = ANY(%s)
+           next_run_at <= now(), source, args, kwargs, queue, priority
+    FROM pgtasks_schedule
+    WHERE name = ANY(%s) OR (source = 'database' AND enabled AND next_run_at <= now())
+    ORDER BY next_run_at
 """
 
 # Writes declarations. An unchanged row is not rewritten (the WHERE), so ``updated_at`` says
@@ -69,14 +73,14 @@ SYNC_SQL = """
          AS v(name, task_name, spec, timezone, enabled, next_run_at)
     ON CONFLICT (name) DO UPDATE SET
         task_name = EXCLUDED.task_name, spec = EXCLUDED.spec, timezone = EXCLUDED.timezone,
-        enabled = EXCLUDED.enabled, updated_at = now(),
+        enabled = EXCLUDED.enabled, updated_at = now(), source = 'code',
         next_run_at = CASE
             WHEN (s.spec, s.timezone) IS DISTINCT FROM (EXCLUDED.spec, EXCLUDED.timezone)
                  OR (EXCLUDED.enabled AND NOT s.enabled)
             THEN EXCLUDED.next_run_at ELSE s.next_run_at END
-    WHERE (s.task_name, s.spec, s.timezone, s.enabled)
+    WHERE (s.task_name, s.spec, s.timezone, s.enabled, s.source)
           IS DISTINCT FROM (EXCLUDED.task_name, EXCLUDED.spec, EXCLUDED.timezone,
-                            EXCLUDED.enabled)
+                            EXCLUDED.enabled, 'code')
 """
 
 # Takes a due schedule for this transaction. SKIP LOCKED: a worker already producing its
@@ -112,9 +116,14 @@ class _Row:
     next_run_at: datetime | None
     last_run_at: datetime | None
     due: bool
+    source: str
 
     @property
-    def definition(self) -> tuple[str, str, str, bool]:
+    def definition(self) -> tuple[str, ...]:
+        """What a declaration in code decides; a row made in the admin matches none (a
+        schedule declared in code under its name takes it over)."""
+        if self.source != "code":
+            return ("made in the admin",)
         return (self.task_name, self.spec, self.timezone, self.enabled)
 
 
@@ -145,27 +154,28 @@ def run_scheduler(using: str | None = None) -> list[int]:
     # transaction); workers of the other databases leave it alone.
     declarations = {name: declaration for name, declaration in declarations.items()
                     if database_of(declaration) == alias}
-    if not declarations:
-        return []
-    rows = _read_state(alias, declarations)
+    rows, runtime_due = _read_state(alias, declarations)
     if _sync(alias, declarations, rows):
-        rows = _read_state(alias, declarations)
-    created: list[int] = []
-    policy = pgtasks_settings.MISSED_RUNS
+        rows, runtime_due = _read_state(alias, declarations)
+    due: list[Declaration] = []
     for name, declaration in declarations.items():
         row = rows.get(name)
-        if (row is None or not row.due or not declaration.enabled
-                or row.definition != declaration.row):
-            continue
+        if (row is not None and row.due and declaration.enabled
+                and row.definition == declaration.row):
+            due.append(declaration)
+    due += runtime_due
+    created: list[int] = []
+    policy = pgtasks_settings.MISSED_RUNS
+    for declaration in due:
         try:
             created += produce(alias, declaration, policy) or []
         except (DatabaseError, InterfaceError):
             raise
         except Exception as exc:
-            # A bad queue or payload (caught by ``manage.py check`` too) concerns this
-            # schedule only; the worker loop must not die of it.
-            _report(name, f"Schedule {name!r} could not enqueue its run: "
-                          f"{type(exc).__name__}: {exc}")
+            # A bad queue or payload (caught by ``manage.py check`` or the admin's form too)
+            # concerns this schedule only; the worker loop must not die of it.
+            _report(declaration.name, f"Schedule {declaration.name!r} could not enqueue its "
+                                      f"run: {type(exc).__name__}: {exc}")
     return created
 
 
@@ -183,10 +193,28 @@ def database_of(declaration: Declaration) -> str:
     return database_for_queue(queue or pgtasks_settings.DEFAULT_QUEUE)
 
 
-def _read_state(alias: str, declarations: Mapping[str, Declaration]) -> dict[str, _Row]:
+def _read_state(alias: str, declarations: Mapping[str, Declaration],
+                ) -> tuple[dict[str, _Row], list[Declaration]]:
+    """The rows of ``declarations`` by name, and the due schedules made in the admin (read
+    afresh at every pass: an edit applies from the next pass on, without a restart)."""
+    from django_pgtasks.scheduling.runtime import declaration_of
+
     with connections[alias].cursor() as cursor:
         cursor.execute(STATE_SQL, [list(declarations)])
-        return {row[0]: _Row(*row) for row in cursor.fetchall()}
+        fetched = cursor.fetchall()
+    rows: dict[str, _Row] = {}
+    runtime_due: list[Declaration] = []
+    for row in fetched:
+        name, task, spec, timezone, enabled, *_plan, due, source = row[:9]
+        if name in declarations:
+            rows[name] = _Row(*row[:9])
+        elif source == "database" and due:
+            try:
+                runtime_due.append(declaration_of(name, task, spec, timezone, *row[9:],
+                                                  enabled=enabled))
+            except Exception as exc:  # a row changed by other code than the admin's form
+                _report(name, f"Schedule {name!r} cannot run: {exc}")
+    return rows, runtime_due
 
 
 def sync(using: str | None = None) -> None:
@@ -200,7 +228,7 @@ def sync(using: str | None = None) -> None:
     for name in declarations:
         _written.pop((alias, name), None)
     if declarations:
-        _sync(alias, declarations, _read_state(alias, declarations))
+        _sync(alias, declarations, _read_state(alias, declarations)[0])
 
 
 def _sync(alias: str, declarations: Mapping[str, Declaration], rows: Mapping[str, _Row]) -> bool:

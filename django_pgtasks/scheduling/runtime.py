@@ -1,0 +1,123 @@
+"""Schedules made in the admin (``Schedule.source = "database"``): what they run, how a new
+or changed one is checked, and how it is written without disturbing the scheduler.
+
+The scheduler (:mod:`django_pgtasks.scheduling.job`) reads these rows at every pass, so a
+change applies within ``PGTASKS["SCHEDULER_INTERVAL"]`` seconds, without restarting the
+workers. Each planned run is still produced once: the same row lock and guarded advance as
+for the schedules declared in code.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.db import connections, transaction
+
+from django_pgtasks.base.schedules import MAX_NAME_LENGTH, RESERVED_KWARGS, parse_spec, zone
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.exceptions import InvalidTaskError, UnknownQueueError, UnknownTaskError
+from django_pgtasks.models import Schedule
+from django_pgtasks.scheduling.declarations import Declaration, declared_names
+
+#: The fields of a row that a change in the admin may write (``next_run_at`` is derived).
+DEFINITION_FIELDS = ("task_name", "spec", "timezone", "enabled", "args", "kwargs", "queue",
+                     "priority")
+
+
+def declaration_of(name: str, task: str, spec: str, timezone: str, args: Any, kwargs: Any,
+                   queue: str | None, priority: int | None,
+                   enabled: bool = True) -> Declaration:
+    """The :class:`Declaration` of a row made in the admin (JSON columns as text or values)."""
+    args = json.loads(args) if isinstance(args, str) else args
+    kwargs = json.loads(kwargs) if isinstance(kwargs, str) else kwargs
+    return Declaration(name=name, task=task, when=parse_spec(spec), timezone=timezone,
+                       args=tuple(args or ()), kwargs=dict(kwargs or {}), queue=queue or None,
+                       enabled=enabled, priority=priority)
+
+
+def validate(schedule: Schedule) -> Declaration:
+    """Check a schedule made or changed in the admin as the scheduler would run it; raise
+    ``ValidationError`` (by field) naming what is wrong. Nothing is written."""
+    errors: dict[str, list[str]] = {}
+    if schedule.name in declared_names():
+        errors.setdefault("name", []).append(
+            f"A schedule named {schedule.name!r} is declared in code; choose another name.")
+    if not schedule.name or len(schedule.name) > MAX_NAME_LENGTH:
+        errors.setdefault("name", []).append(
+            f"A schedule's name has 1 to {MAX_NAME_LENGTH} characters.")
+    when = None
+    try:
+        when = parse_spec(schedule.spec)
+    except ImproperlyConfigured as exc:
+        errors.setdefault("spec", []).append(str(exc))
+    try:
+        zone(schedule.timezone)
+    except ImproperlyConfigured as exc:
+        errors.setdefault("timezone", []).append(str(exc))
+    if not isinstance(schedule.args, list):
+        errors.setdefault("args", []).append("The positional arguments are a JSON array.")
+    if not isinstance(schedule.kwargs, dict):
+        errors.setdefault("kwargs", []).append("The keyword arguments are a JSON object.")
+    elif reserved := sorted(RESERVED_KWARGS & set(schedule.kwargs)):
+        errors.setdefault("kwargs", []).append(
+            f"Reserved name(s): {', '.join(reserved)}; use the schedule's own fields.")
+    if errors or when is None:
+        raise ValidationError(errors)
+    declaration = Declaration(
+        name=schedule.name, task=schedule.task_name, when=when, timezone=schedule.timezone,
+        args=tuple(schedule.args), kwargs=dict(schedule.kwargs),
+        queue=schedule.queue or None, enabled=schedule.enabled, priority=schedule.priority)
+    try:
+        # The run as the scheduler will build it: a registered task, arguments that fit its
+        # signature and are plain JSON, a configured queue, a priority in range.
+        task = declaration.build(datetime.now(UTC))
+    except UnknownTaskError as exc:
+        raise ValidationError({"task_name": [str(exc)]}) from None
+    except UnknownQueueError as exc:
+        raise ValidationError({"queue": [str(exc)]}) from None
+    except InvalidTaskError as exc:
+        field = "priority" if str(exc).lower().startswith("priority") else None
+        raise ValidationError({field: [str(exc)]} if field else [str(exc)]) from None
+    from django_pgtasks.base.routing import database_for_queue
+
+    alias = pgtasks_settings.DATABASE
+    if database_for_queue(task.queue) != alias:
+        raise ValidationError({"queue": [
+            f"The queue {task.queue!r} is on database {database_for_queue(task.queue)!r}; "
+            f"schedules made in the admin live in {alias!r} with their runs."]})
+    return declaration
+
+
+def save(schedule: Schedule) -> None:
+    """Write a schedule made or changed in the admin, planning its next run on the database
+    clock.
+
+    A new one is first due at once (a period) or at its next cron time. A change to its spec
+    or time zone, or enabling it again, plans afresh from its last run; any other change
+    keeps the planned time. The row is locked while it is written, so a scheduler pass that
+    is producing its run finishes first (and one that comes meanwhile skips it); only the
+    definition columns and the plan are written, never the scheduler's own columns.
+    """
+    alias = pgtasks_settings.DATABASE
+    when, tz = parse_spec(schedule.spec), zone(schedule.timezone)
+    schedule.source = Schedule.Source.DATABASE
+    with transaction.atomic(using=alias):
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT now()")
+            now = cursor.fetchone()[0]
+        if schedule.pk is None:
+            schedule.next_run_at = when.first(now, tz)
+            schedule.save(using=alias, force_insert=True)
+            return
+        current = Schedule.objects.using(alias).select_for_update().get(pk=schedule.pk)
+        if ((current.spec, current.timezone) != (schedule.spec, schedule.timezone)
+                or (schedule.enabled and not current.enabled)):
+            schedule.next_run_at = when.restart(current.last_run_at, now, tz)
+        else:
+            schedule.next_run_at = current.next_run_at
+        schedule.updated_at = now
+        schedule.save(using=alias, update_fields=[
+            *DEFINITION_FIELDS, "source", "next_run_at", "updated_at"])

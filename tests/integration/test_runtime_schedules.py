@@ -1,0 +1,255 @@
+"""Schedules made in the admin: validated like the scheduler would run them, picked up by
+running workers within a pass, each planned run produced once across concurrent workers.
+
+Transactional tests on real PostgreSQL, so that ``now()`` advances as in production.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.test import Client
+from django.urls import reverse
+
+from django_pgtasks.base.schedules import Cron, Every, parse_spec
+from django_pgtasks.models import Schedule, Task
+from django_pgtasks.scheduling import job as scheduling
+from django_pgtasks.scheduling.declarations import planned_at
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REPORT = "tests.testapp.periodic.report"
+TICK = "tests.testapp.periodic.tick"
+ADD = reverse("admin:django_pgtasks_schedule_add")
+
+
+@pytest.fixture(autouse=True)
+def fresh_scheduler_state() -> Iterator[None]:
+    scheduling._written.clear()
+    scheduling._reported.clear()
+    yield
+    scheduling._written.clear()
+    scheduling._reported.clear()
+
+
+def form(**fields: Any) -> dict[str, Any]:
+    data = {"name": "reports", "task_name": REPORT, "spec": "every 1h", "timezone": "UTC",
+            "enabled": "on", "args": '["eu"]', "kwargs": '{"full": true}', "queue": "emails",
+            "priority": "150"}
+    data.update(fields)
+    return {key: value for key, value in data.items() if value is not None}
+
+
+def change_url(schedule: Schedule) -> str:
+    return reverse("admin:django_pgtasks_schedule_change", args=[schedule.pk])
+
+
+def db_now() -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def test_a_schedule_made_in_the_admin_runs_what_it_says(admin_client: Client) -> None:
+    before = db_now()
+    response = admin_client.post(ADD, form())
+    assert response.status_code == 302, response.content.decode()[:2000]
+    schedule = Schedule.objects.get(name="reports")
+    assert (schedule.source, schedule.spec, schedule.args, schedule.kwargs, schedule.queue,
+            schedule.priority) == ("database", "every 1h", ["eu"], {"full": True}, "emails", 150)
+    assert before <= schedule.next_run_at <= db_now()  # a period: first due at once
+
+    [task_id] = scheduling.run_scheduler()
+    task = Task.objects.get(pk=task_id)
+    assert (task.name, task.args, task.kwargs, task.queue, task.priority) == (
+        REPORT, ["eu"], {"full": True}, "emails", 150)
+    assert task.metadata["schedule"] == "reports"
+    assert planned_at(task) == schedule.next_run_at
+    schedule.refresh_from_db()
+    assert schedule.last_task_id == task_id
+    assert schedule.next_run_at == planned_at(task) + timedelta(hours=1)
+    assert scheduling.run_scheduler() == []  # not due again for an hour
+
+
+@pytest.mark.parametrize(("fields", "field", "message"), [
+    ({"spec": "61 * * * *"}, "spec", "Invalid cron expression '61 * * * *'"),
+    ({"spec": "every hour"}, "spec", "'every hour' is not a period"),
+    ({"spec": "every 0s"}, "spec", "must be positive"),
+    ({"task_name": "nope.not_a_task"}, "task_name", "nope.not_a_task"),
+    ({"timezone": "Mars/Olympus"}, "timezone", "Unknown time zone 'Mars/Olympus'"),
+    ({"args": '["eu", "more", "than", "fits"]'}, None, "the arguments do not match"),
+    ({"args": '{"a": 1}'}, "args", "JSON array"),
+    ({"kwargs": '{"queue": "x"}'}, "kwargs", "Reserved name(s): queue"),
+    ({"args": '["\\u0000"]'}, None, "NUL"),
+    ({"queue": "nowhere"}, "queue", "nowhere"),
+    ({"priority": "999"}, "priority", "Priority must be an integer from"),
+    ({"priority": "99999999"}, "priority", ""),
+    ({"name": ""}, "name", ""),
+])
+def test_a_bad_schedule_is_a_form_error_and_nothing_is_written(
+        admin_client: Client, fields: dict[str, str], field: str | None, message: str) -> None:
+    response = admin_client.post(ADD, form(**fields))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    key = field or "__all__"
+    assert key in errors, errors
+    assert message in " ".join(errors[key]), errors
+    assert not Schedule.objects.exists()
+
+
+def test_a_name_declared_in_code_is_refused(admin_client: Client, settings: Any) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "SCHEDULE": {
+        "nightly": {"task": TICK, "schedule": "0 3 * * *"}}}
+    response = admin_client.post(ADD, form(name="nightly"))
+    assert "is declared in code" in " ".join(response.context["adminform"].form.errors["name"])
+    assert not Schedule.objects.exists()
+
+
+def test_an_edit_applies_at_the_next_pass(admin_client: Client) -> None:
+    admin_client.post(ADD, form(spec="every 1s"))
+    schedule = Schedule.objects.get(name="reports")
+    [first] = scheduling.run_scheduler()
+
+    # New arguments: the plan is kept, the next run takes them.
+    response = admin_client.post(change_url(schedule), form(spec="every 1s", args='["us"]'))
+    assert response.status_code == 302
+    planned = Schedule.objects.get(pk=schedule.pk).next_run_at
+    assert planned == Schedule.objects.get(pk=schedule.pk).next_run_at
+    wait_until(lambda: bool(scheduling.run_scheduler()), 10, "the next run")
+    second = Task.objects.exclude(pk=first).get()
+    assert (second.args, planned_at(second)) == (["us"], planned)
+
+    # A new spec plans afresh, on the database clock.
+    admin_client.post(change_url(schedule), form(spec="0 3 * * *", args='["us"]'))
+    schedule.refresh_from_db()
+    assert schedule.spec == "0 3 * * *"
+    assert schedule.next_run_at == Cron("0 3 * * *").next_after(db_now(), parse_tz("UTC"))
+
+    # Disabled: no run even when due.
+    admin_client.post(change_url(schedule), form(spec="every 1s", enabled=None))
+    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=db_now() - timedelta(hours=1))
+    assert scheduling.run_scheduler() == []
+    # Enabled again: planned afresh, a period after its last run (or now, if later).
+    response = admin_client.post(change_url(schedule), form(spec="every 1s"))
+    assert response.status_code == 302
+    schedule.refresh_from_db()
+    assert schedule.enabled
+    assert schedule.next_run_at == max(schedule.last_run_at + timedelta(seconds=1), db_now()) \
+        or schedule.next_run_at <= db_now()
+    wait_until(lambda: bool(scheduling.run_scheduler()), 10, "the run after enabling")
+
+
+def parse_tz(name: str) -> Any:
+    from django_pgtasks.base.schedules import zone
+
+    return zone(name)
+
+
+def test_code_rows_stay_read_only_and_admin_rows_can_be_deleted(
+        admin_client: Client, settings: Any) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "SCHEDULE": {
+        "nightly": {"task": TICK, "schedule": "0 3 * * *"}}}
+    scheduling.run_scheduler()
+    admin_client.post(ADD, form())
+    code, made = Schedule.objects.get(name="nightly"), Schedule.objects.get(name="reports")
+    assert code.source == "code"
+    assert b'name="_save"' not in admin_client.get(change_url(code)).content
+    assert b'name="_save"' in admin_client.get(change_url(made)).content
+    response = admin_client.post(change_url(code), form(name="nightly", spec="* * * * *"))
+    assert response.status_code == 403
+    assert Schedule.objects.get(pk=code.pk).spec == "0 3 * * *"
+    delete = "admin:django_pgtasks_schedule_delete"
+    assert admin_client.get(reverse(delete, args=[code.pk])).status_code == 403
+    assert admin_client.post(reverse(delete, args=[made.pk]), {"post": "yes"}).status_code == 302
+    assert list(Schedule.objects.values_list("name", flat=True)) == ["nightly"]
+
+
+def test_a_declaration_in_code_takes_over_a_row_of_its_name(settings: Any) -> None:
+    Schedule.objects.create(name="nightly", task_name=REPORT, spec="every 1s", source="database",
+                            args=["eu"], next_run_at=db_now() + timedelta(hours=1))
+    settings.PGTASKS = {**settings.PGTASKS, "SCHEDULE": {
+        "nightly": {"task": TICK, "schedule": "0 3 * * *"}}}
+    scheduling.run_scheduler()
+    row = Schedule.objects.get(name="nightly")
+    assert (row.source, row.task_name, row.spec) == ("code", TICK, "0 3 * * *")
+
+
+def test_the_missed_run_policy_applies(admin_client: Client, settings: Any) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "MISSED_RUNS": "all"}
+    admin_client.post(ADD, form(spec="every 1m"))
+    Schedule.objects.update(next_run_at=db_now() - timedelta(minutes=4, seconds=30))
+    assert len(scheduling.run_scheduler()) == 5  # -4m30s, -3m30s, ..., -30s
+
+
+@pytest.mark.slow
+def test_eight_threads_racing_produce_each_run_once(admin_client: Client) -> None:
+    admin_client.post(ADD, form(spec="every 0.2s", args='["eu"]'))
+    deadline = time.monotonic() + 3.0
+    errors: list[BaseException] = []
+
+    def race() -> None:
+        try:
+            while time.monotonic() < deadline:
+                scheduling.run_scheduler("default")
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    runs = sorted(planned_at(task) for task in Task.objects.filter(name=REPORT))
+    assert len(runs) >= 10
+    assert max(Counter(runs).values()) == 1
+    assert all(b - a == timedelta(seconds=0.2) for a, b in itertools.pairwise(runs))
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("every 1h30m", Every(timedelta(hours=1, minutes=30))),
+    ("every 90s", Every(timedelta(seconds=90))),
+    ("every 0.5s", Every(timedelta(seconds=0.5))),
+    ("  every 1d 2h ", Every(timedelta(days=1, hours=2))),
+    ("@hourly", Cron("0 * * * *")),
+])
+def test_specs_as_typed(spec: str, expected: Any) -> None:
+    assert parse_spec(spec) == expected
+    assert parse_spec(expected.spec) == expected  # what is stored reads back the same
+
+
+@pytest.mark.slow
+def test_running_workers_pick_up_a_new_schedule_and_its_edits(
+        admin_client: Client, start_command: Any) -> None:
+    from tests.helpers import stop_processes
+
+    workers = [start_command("run_pgtasks", "--worker-id", f"sched-{i}", "--concurrency", "2")
+               for i in range(3)]
+    admin_client.post(ADD, form(spec="every 1s", queue="default"))
+
+    def ran(args: list[str]) -> bool:
+        return Task.objects.filter(name=REPORT, args=args, status="SUCCESSFUL").exists()
+
+    wait_until(lambda: ran(["eu"]), 30, "a run of the new schedule")
+    schedule = Schedule.objects.get(name="reports")
+    admin_client.post(change_url(schedule), form(spec="every 1s", queue="default",
+                                                 args='["us"]'))
+    wait_until(lambda: ran(["us"]), 30, "a run with the edited arguments")
+    admin_client.post(change_url(schedule), form(spec="every 1s", queue="default",
+                                                 enabled=None))
+    stop_processes(workers)
+    runs = [planned_at(task) for task in Task.objects.filter(name=REPORT)]
+    assert max(Counter(runs).values()) == 1  # three workers, each planned run once
+    assert all(task.result == "us:full" for task in Task.objects.filter(
+        name=REPORT, args=["us"], status="SUCCESSFUL"))
