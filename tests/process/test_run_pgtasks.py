@@ -193,6 +193,26 @@ def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
     assert "All worker processes stopped." in out.text
 
 
+def test_forked_worker_processes_with_a_connection_pool_run_each_task_once(
+        subprocess_env) -> None:
+    # On Linux the children are forked from the supervisor (worker/supervisor.py), which
+    # closes its connections and pools first: each child opens its own pool.
+    from tests.conftest import ROOT, manage_command
+
+    Task.objects.enqueue_many(tasks.add.build(i, i) for i in range(400))
+    result = subprocess.run(
+        manage_command("run_pgtasks", "--burst", "--processes", "2", "--concurrency", "3",
+                       "--worker-id", "forked"),
+        env={**subprocess_env, "PGTASKS_TEST_POOL": "2"}, cwd=ROOT, capture_output=True,
+        text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert Task.objects.succeeded().count() == 400
+    assert set(Task.objects.values_list("attempt", flat=True)) == {1}
+    workers = {ids[0] for ids in Task.objects.values_list("worker_ids", flat=True)}
+    assert workers and workers <= {"forked-0", "forked-1"}, workers
+    assert "Started worker process 1" in result.stderr
+
+
 def test_a_worker_process_runs_every_side_job(subprocess_env) -> None:
     """Rescue, purge and scheduler register when their modules are imported: a fresh process
     that loads the worker (as run_pgtasks does) must have all three, not only those some
