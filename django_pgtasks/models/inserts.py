@@ -33,7 +33,9 @@ ENQUEUE_ONE_SQL = """
 """
 
 # Many tasks: one per element of the column arrays (so the statement's size and parse time
-# do not grow with a parameter per value); run_after as for one task.
+# do not grow with a parameter per value); run_after as for one task. The arrays are sent in
+# binary (%b): psycopg builds a text array literal in Python, escaping every element, at a
+# third of the client's time per task.
 ENQUEUE_MANY_SQL = """
     INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, max_attempts, run_after,
                               metadata, key, stage, concurrency_key, concurrency_limit, status,
@@ -43,9 +45,9 @@ ENQUEUE_MANY_SQL = """
                     statement_timestamp()),
            v.metadata::jsonb, v.key, v.stage, v.concurrency_key, v.concurrency_limit, 'READY',
            0, ''
-    FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::int[],
-                %s::timestamptz[], %s::float8[], %s::text[], %s::text[], %s::text[], %s::text[],
-                %s::smallint[])
+    FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::smallint[], %b::int[],
+                %b::timestamptz[], %b::float8[], %b::text[], %b::text[], %b::text[], %b::text[],
+                %b::smallint[])
          AS v(name, queue, args, kwargs, priority, max_attempts, run_after, delay, metadata,
               key, stage, concurrency_key, concurrency_limit)
     RETURNING id, run_after, created_at
@@ -117,14 +119,21 @@ def blueprint(model: type) -> Blueprint:
 
 
 def _saved(task: Any, db: str, pk: int, run_after: datetime, created_at: datetime) -> None:
-    """Give an inserted task what the row got from the database."""
-    task.pk, task.run_after, task.created_at, task.updated_at = (
-        pk, run_after, created_at, created_at)
+    """Give an inserted task what the row got from the database (straight into its
+    ``__dict__``: this runs once per task of an ``enqueue_many()``)."""
+    values = task.__dict__
+    values["id"], values["run_after"] = pk, run_after
+    values["created_at"] = values["updated_at"] = created_at
     for name in ("worker_ids", "errors"):
-        if isinstance(task.__dict__.get(name), DatabaseDefault):
-            setattr(task, name, [])
-    task._state.adding = False
-    task._state.db = db
+        if isinstance(values.get(name), DatabaseDefault):
+            values[name] = []
+    state = task._state
+    state.adding = False
+    state.db = db
+
+
+def _metadata_json(metadata: Any) -> str:
+    return json.dumps(metadata) if metadata else "{}"  # most tasks have none
 
 
 def insert_one(task: TaskRow, db: str) -> None:
@@ -135,7 +144,7 @@ def insert_one(task: TaskRow, db: str) -> None:
     with fast_cursor(db) as cursor:
         cursor.execute(ENQUEUE_ONE_SQL, [
             task.name, task.queue, args, kwargs, task.priority, task.max_attempts, run_after,
-            getattr(task, "_delay_seconds", None), json.dumps(task.metadata), task.stage,
+            getattr(task, "_delay_seconds", None), _metadata_json(task.metadata), task.stage,
             task.concurrency_key, task.concurrency_limit])
         _saved(task, db, *cursor.fetchone())
 
@@ -153,7 +162,7 @@ def insert_many(tasks: list[TaskRow], db: str) -> None:
         [t.max_attempts for t in tasks],
         [t.run_after if isinstance(t.run_after, datetime) else None for t in tasks],
         [getattr(t, "_delay_seconds", None) for t in tasks],
-        [json.dumps(t.metadata) for t in tasks],
+        [_metadata_json(t.metadata) for t in tasks],
         [t.key for t in tasks],
         [t.stage for t in tasks],
         [t.concurrency_key for t in tasks],
