@@ -209,7 +209,8 @@ def test_forked_worker_processes_with_a_connection_pool_run_each_task_once(
     assert Task.objects.succeeded().count() == 400
     assert set(Task.objects.values_list("attempt", flat=True)) == {1}
     workers = {ids[0] for ids in Task.objects.values_list("worker_ids", flat=True)}
-    assert workers and workers <= {"forked-0", "forked-1"}, workers
+    assert workers, workers
+    assert workers <= {"forked-0", "forked-1"}, workers
     assert "Started worker process 1" in result.stderr
 
 
