@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from datetime import timedelta
 from typing import Any
@@ -199,7 +200,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     if prefetch != "auto" and (not isinstance(prefetch, int) or isinstance(prefetch, bool)
                                or prefetch < 0):
         errors.append(_error("PGTASKS['PREFETCH'] must be 'auto' or an integer >= 0.", "E013"))
-    for key in ("LISTEN", "AUTODISCOVER"):
+    for key in ("LISTEN", "AUTODISCOVER", "TRACING"):
         if not isinstance(getattr(pgtasks_settings, key), bool):
             errors.append(_error(f"PGTASKS[{key!r}] must be True or False.", "E012"))
     if pgtasks_settings.LIVENESS not in ("advisory_lock", "heartbeat"):
@@ -294,6 +295,86 @@ def check_shutdown_grace(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     )]
 
 
+@register(Tags.compatibility)
+def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """``POOLER`` and ``LISTEN_DATABASE``, and what contradicts a transaction pooler
+    (docs/howto/pgbouncer.md)."""
+    s = pgtasks_settings
+    user = s.user_settings
+    errors: list[Error | Warning] = []
+    pooler = s.POOLER
+    if pooler not in (None, "transaction"):
+        errors.append(_error(
+            f"PGTASKS['POOLER'] is {pooler!r}; use None (a direct connection, or a pooler in "
+            f"session mode) or 'transaction' (PgBouncer's pool_mode = transaction).", "E016",
+        ))
+    direct = s.LISTEN_DATABASE
+    mapping = ({s.DATABASE: direct} if isinstance(direct, str)
+               else direct if isinstance(direct, dict) else {})
+    if direct is not None and not isinstance(direct, str | dict):
+        errors.append(_error(
+            f"PGTASKS['LISTEN_DATABASE'] is {direct!r}; use a database alias, a dict "
+            f"{{task database alias: alias}}, or None.", "E017",
+        ))
+    for task_alias, alias in mapping.items():
+        if not isinstance(alias, str) or alias not in settings.DATABASES:
+            errors.append(_error(
+                f"PGTASKS['LISTEN_DATABASE'] names {alias!r} for the task database "
+                f"{task_alias!r}, which is not an alias in DATABASES.", "E017",
+                hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+            ))
+        elif connections[alias].vendor != "postgresql":
+            errors.append(_error(
+                f"PGTASKS['LISTEN_DATABASE'] names {alias!r}, which uses the "
+                f"{connections[alias].vendor!r} backend; it must reach the task database's "
+                f"PostgreSQL server directly.", "E017",
+            ))
+        elif pooler == "transaction" and alias == task_alias:
+            errors.append(_error(
+                f"PGTASKS['LISTEN_DATABASE'] names the task database {alias!r} itself, which "
+                f"PGTASKS['POOLER'] says is reached through a pooler in transaction mode: "
+                f"notifications would be lost there.", "E019",
+                hint="Add an alias to DATABASES that connects to PostgreSQL directly (same "
+                     "database, past the pooler) and name it in LISTEN_DATABASE.",
+            ))
+    if pooler != "transaction":
+        return errors
+    if user.get("LIVENESS") == "advisory_lock":
+        errors.append(_error(
+            "PGTASKS['LIVENESS'] is 'advisory_lock', but PGTASKS['POOLER'] is 'transaction': a "
+            "session-level lock taken through a transaction pooler is held by whichever "
+            "server session ran that transaction, not by the worker, so it proves nothing.",
+            "E018", hint="Remove LIVENESS (POOLER = 'transaction' implies 'heartbeat').",
+        ))
+    if user.get("LISTEN") is True and not mapping:
+        errors.append(_error(
+            "PGTASKS['LISTEN'] is True, but PGTASKS['POOLER'] is 'transaction' and no "
+            "PGTASKS['LISTEN_DATABASE'] is set: LISTEN through a transaction pooler loses its "
+            "notifications.", "E019",
+            hint="Set LISTEN_DATABASE to an alias that connects to PostgreSQL directly, or "
+                 "remove LISTEN (the workers then poll every POLL_INTERVAL seconds).",
+        ))
+    if s.LISTEN_DATABASE is not None and s.LISTEN is False:
+        errors.append(Warning(
+            "PGTASKS['LISTEN_DATABASE'] is set but PGTASKS['LISTEN'] is False: workers do not "
+            "listen (Task.objects.wait() still does).", obj="PGTASKS",
+            id="django_pgtasks.W002",
+        ))
+    from django_pgtasks.base.routing import queue_databases
+
+    for alias in queue_databases():
+        entry = settings.DATABASES.get(alias)
+        if entry is not None and not entry.get("DISABLE_SERVER_SIDE_CURSORS"):
+            errors.append(Warning(
+                f"PGTASKS['POOLER'] is 'transaction', but DATABASES[{alias!r}] does not set "
+                f"DISABLE_SERVER_SIDE_CURSORS = True: QuerySet.iterator() (in the admin, your "
+                f"code) would open server-side cursors, which a transaction pooler breaks.",
+                obj="PGTASKS", id="django_pgtasks.W003",
+                hint="Set DISABLE_SERVER_SIDE_CURSORS = True in that DATABASES entry.",
+            ))
+    return errors
+
+
 @register(Tags.database)
 def check_connection_budget(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
@@ -307,6 +388,8 @@ def check_connection_budget(
     """
     threads = pgtasks_settings.CONCURRENCY
     queues = pgtasks_settings.QUEUES
+    if pgtasks_settings.POOLER is not None:
+        return []  # the workers' connections are the pooler's clients, not the server's
     if (not databases or not queues or not isinstance(queues, list | tuple | dict)
             or not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
             or check_database() or check_queue_databases()):
@@ -335,3 +418,31 @@ def check_connection_budget(
                 hint=advice(alias, 1, available), obj="PGTASKS", id="django_pgtasks.W050",
             ))
     return warnings
+
+
+#: A bearer token as RFC 6750 spells one (``b64token``).
+_TOKEN_RE = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+
+
+@register(Tags.compatibility, Tags.security)
+def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """``METRICS_TOKEN`` and ``METRICS_PERMISSION``, which protect the metrics view."""
+    errors: list[Error] = []
+    token = pgtasks_settings.METRICS_TOKEN
+    tokens = [token] if isinstance(token, str) else token
+    if token is not None and (not isinstance(tokens, list | tuple) or not tokens or not all(
+            isinstance(t, str) and _TOKEN_RE.fullmatch(t) for t in tokens)):
+        errors.append(_error(
+            "PGTASKS['METRICS_TOKEN'] must be None, a token (a non-empty string of letters, "
+            "digits and -._~+/, as in 'Authorization: Bearer <token>'), or a non-empty list "
+            "of tokens.", "E060",
+            hint="Generate one with: python -c 'import secrets; print(secrets.token_urlsafe())'",
+        ))
+    permission = pgtasks_settings.METRICS_PERMISSION
+    if permission is not None and not (isinstance(permission, str)
+                                       and re.fullmatch(r"[^.\s]+\.[^.\s]+", permission)):
+        errors.append(_error(
+            f"PGTASKS['METRICS_PERMISSION'] is {permission!r}; use None or a permission as "
+            f"'app_label.codename' (for example 'django_pgtasks.view_task').", "E061",
+        ))
+    return errors

@@ -67,6 +67,16 @@ DEFAULTS: dict[str, Any] = {
     # Wake idle workers through LISTEN/NOTIFY. Turn off behind PgBouncer in transaction mode
     # (and lower POLL_INTERVAL, which then decides the latency).
     "LISTEN": True,
+    # None, or "transaction": the task databases are reached through a pooler in transaction
+    # mode (PgBouncer's pool_mode = transaction), which gives each transaction to any of its
+    # server sessions. Workers then keep no session state there: heartbeat liveness, no
+    # session settings, LISTEN only on LISTEN_DATABASE (else polling). docs/howto/pgbouncer.md.
+    "POOLER": None,
+    # Database alias on which workers and Task.objects.wait() LISTEN, instead of the task
+    # database's: a direct connection to the same database, past the pooler. An alias (for
+    # PGTASKS["DATABASE"]), or a dict {task database alias: alias}; None listens on the task
+    # database itself (or, with POOLER = "transaction", polls).
+    "LISTEN_DATABASE": None,
     # Seconds a process keeps its decision between the plain claim and the one that enforces
     # concurrency keys and rate limits (docs/howto/concurrency-limits.md). New keyed tasks or
     # a new rate limit are picked up within this time; pauses apply at once regardless.
@@ -83,6 +93,7 @@ DEFAULTS: dict[str, Any] = {
     # How workers prove they are alive: "advisory_lock" (a session-level lock held on a
     # dedicated connection, plus heartbeats) or "heartbeat" (heartbeats only; for poolers
     # such as PgBouncer in transaction mode, where session-level locks do not work).
+    # POOLER = "transaction" implies "heartbeat".
     "LIVENESS": "advisory_lock",
     # Seconds between two heartbeats of a worker (an UPDATE of its row in pgtasks_worker).
     "HEARTBEAT_INTERVAL": 2.0,
@@ -119,6 +130,18 @@ DEFAULTS: dict[str, Any] = {
     # Planned runs missed while no worker ran: "once" (one run stands for all of them),
     # "skip" (none), or "all" (one per missed time, at most 100).
     "MISSED_RUNS": "once",
+    # Trace enqueues and runs with OpenTelemetry when opentelemetry-api is installed (the
+    # "otel" extra) and an SDK has set a tracer provider; False turns it off regardless.
+    # docs/howto/monitoring.md#tracing-with-opentelemetry.
+    "TRACING": True,
+    # The Prometheus metrics view (django_pgtasks.monitoring.metrics.metrics_view) answers
+    # requests that send "Authorization: Bearer <token>" with this token (a string, or a list
+    # of strings while rotating one). None: no token. With neither METRICS_TOKEN nor
+    # METRICS_PERMISSION set, the view is open to anyone who reaches it.
+    "METRICS_TOKEN": None,
+    # ...and requests of a logged-in user who has this permission ("app_label.codename", e.g.
+    # "django_pgtasks.view_task"). None: no permission check.
+    "METRICS_PERMISSION": None,
 }
 
 

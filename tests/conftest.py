@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -57,26 +58,36 @@ def run_command(subprocess_env: dict[str, str]) -> Callable[..., subprocess.Comp
     return run
 
 
-@pytest.fixture
-def start_command(subprocess_env: dict[str, str]):
-    """Start ``django-admin <args>`` in the background; every process is killed at teardown."""
+@contextlib.contextmanager
+def started_processes(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen]]:
+    """A function that starts ``django-admin <args>`` in the background with ``env`` (plus
+    the keyword arguments as variables); every process still running at the end is killed."""
     processes: list[subprocess.Popen] = []
 
-    def start(*args: str) -> subprocess.Popen:
+    def start(*args: str, **extra: str) -> subprocess.Popen:
         process = subprocess.Popen(
-            manage_command(*args), env=subprocess_env, cwd=ROOT, stdout=subprocess.PIPE,
+            manage_command(*args), env={**env, **extra}, cwd=ROOT, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True,
         )
         processes.append(process)
         return process
 
-    yield start
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
-        if process.stdout:
-            process.stdout.close()
+    try:
+        yield start
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=10)
+            if process.stdout:
+                process.stdout.close()
+
+
+@pytest.fixture
+def start_command(subprocess_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start ``django-admin <args>`` in the background; every process is killed at teardown."""
+    with started_processes(subprocess_env) as start:
+        yield start
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from django.core import checks
 from django.db import connections
 from django.utils import timezone
 
+from django_pgtasks.base import tracing
 from django_pgtasks.base.compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -109,7 +110,11 @@ class PgTasksBackend(BaseTaskBackend):
         """Insert one row (in the caller's transaction, if any) and return its result."""
         self.validate_task(task)
         row = self._build_row(task, args, kwargs)
-        row.save(force_insert=True, using=database_for_queue(row.queue))
+        # Traced like Task.objects.enqueue() (django_pgtasks.base.tracing).
+        with tracing.enqueueing((row.name,), (row.queue,)) as span:
+            span.inject((row,))
+            row.save(force_insert=True, using=database_for_queue(row.queue))
+            span.sent([row])
         result = result_from_row(row, task, self.alias)
         native_task_enqueued.send(sender=type(row), task=row)
         task_enqueued.send(sender=type(self), task_result=result)
@@ -121,7 +126,10 @@ class PgTasksBackend(BaseTaskBackend):
         """Like :meth:`enqueue`; only the INSERT leaves the event loop (``Model.asave``)."""
         self.validate_task(task)
         row = self._build_row(task, args, kwargs)
-        await row.asave(force_insert=True, using=database_for_queue(row.queue))
+        with tracing.enqueueing((row.name,), (row.queue,)) as span:
+            span.inject((row,))
+            await row.asave(force_insert=True, using=database_for_queue(row.queue))
+            span.sent([row])
         result = result_from_row(row, task, self.alias)
         await native_task_enqueued.asend(sender=type(row), task=row)
         await task_enqueued.asend(sender=type(self), task_result=result)

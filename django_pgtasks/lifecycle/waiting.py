@@ -9,7 +9,8 @@ workers pay nothing for this (the trigger's WHEN clause is false for them).
 The order makes it race-free: LISTEN first, then mark the task awaited, then read its state.
 A completion committed before the mark is seen by the read; one committed after it finds the
 mark and notifies. The waiter still reads the state every ``poll_interval`` seconds (5 by
-default) in case a notification is lost, e.g. behind a pooler that does not pass them on.
+default) in case a notification is lost. Behind a pooler in transaction mode it listens on
+``LISTEN_DATABASE`` (a direct connection), or, without one, only polls.
 
 The task must be committed: a worker cannot run a task that the waiting code's own open
 transaction inserted, so ``wait()`` refuses it instead of sleeping until its timeout.
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from django.apps import apps
 
-from django_pgtasks.base.sessions import open_connection
+from django_pgtasks.base.sessions import listen_database, open_connection
 from django_pgtasks.exceptions import PgTasksError, TaskWaitTimeout
 
 if TYPE_CHECKING:
@@ -64,9 +65,13 @@ def wait_for_task(
     task = _read(pk, using)
     if task.is_finished:
         return task
-    with open_connection(using) as conn:
-        conn.execute(f"LISTEN {FINISHED_CHANNEL}")
-        conn.execute(MARK_AWAITED_SQL, [pk])
+    listen_on = listen_database(using)
+    # The direct connection of LISTEN_DATABASE reaches the same database: the mark and the
+    # reads go there too, so that they follow the LISTEN on the same session.
+    with open_connection(listen_on or using) as conn:
+        if listen_on is not None:
+            conn.execute(f"LISTEN {FINISHED_CHANNEL}")
+            conn.execute(MARK_AWAITED_SQL, [pk])
         while True:
             row = conn.execute(STATUS_SQL, [pk]).fetchone()
             if row is None:

@@ -17,6 +17,7 @@ from django.db.models import Value
 from django.db.models.functions import Now
 from django.db.models.signals import post_save, pre_save
 
+from django_pgtasks.base import tracing
 from django_pgtasks.base.payload import serialize_payload, task_payload_json
 from django_pgtasks.base.registry import TaskHandler, get_handler
 from django_pgtasks.base.routing import database_for_queue, queues_on
@@ -153,20 +154,25 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             concurrency_key=concurrency_key, concurrency_limit=concurrency_limit, **kwargs,
         )
         db = self._db_alias(using, task.queue)
-        if key is None:
-            # Django's model signals, as save() would send them, only when someone listens:
-            # the INSERT itself does not go through save() (see models/inserts.py).
-            model = self.model
-            if pre_save.has_listeners(model):
-                pre_save.send(sender=model, instance=task, raw=False, using=db,
-                              update_fields=None)
-            inserts.insert_one(task, db)
-            task.deduplicated = False
-            if post_save.has_listeners(model):
-                post_save.send(sender=model, instance=task, created=True, update_fields=None,
-                               raw=False, using=db)
-        else:
-            task = self._upsert_keyed(task, db)
+        # Inside a trace (and with tracing on), a span; the task stores its context, so that
+        # the run continues the trace (django_pgtasks.base.tracing).
+        with tracing.enqueueing((task.name,), (task.queue,)) as span:
+            span.inject((task,))
+            if key is None:
+                # Django's model signals, as save() would send them, only when someone
+                # listens: the INSERT itself does not go through save() (models/inserts.py).
+                model = self.model
+                if pre_save.has_listeners(model):
+                    pre_save.send(sender=model, instance=task, raw=False, using=db,
+                                  update_fields=None)
+                inserts.insert_one(task, db)
+                task.deduplicated = False
+                if post_save.has_listeners(model):
+                    post_save.send(sender=model, instance=task, created=True,
+                                   update_fields=None, raw=False, using=db)
+            else:
+                task = self._upsert_keyed(task, db)
+            span.sent([task])
         task_enqueued.send(sender=self.model, task=task)
         return task
 
@@ -204,10 +210,19 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         # Without ``using``, each task goes to its queue's database: one INSERT per database
         # (not atomic together, unless the caller's transactions make them so).
         by_db: dict[str, list[TaskRow]] = {}
+        db_of: dict[str, str] = {}  # per queue, not per task
         for task in tasks:
-            by_db.setdefault(self._db_alias(using, task.queue), []).append(task)
-        for db, group in by_db.items():
-            inserts.insert_many(group, db)
+            db = db_of.get(task.queue)
+            if db is None:
+                db = db_of[task.queue] = self._db_alias(using, task.queue)
+            by_db.setdefault(db, []).append(task)
+        # One span for the call, whose context every task stores (django_pgtasks.base.tracing).
+        with tracing.enqueueing((t.name for t in tasks), (t.queue for t in tasks),
+                                len(tasks)) as span:
+            span.inject(tasks)
+            for db, group in by_db.items():
+                inserts.insert_many(group, db)
+            span.sent(tasks)
         if task_enqueued.has_listeners(self.model):
             for task in tasks:
                 task_enqueued.send(sender=self.model, task=task)
@@ -264,7 +279,10 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         if not payloads:
             return []
         db = self._db_alias(using, queue)
-        with explain_missing_schema(db), connections[db].cursor() as cursor:
+        # One span for the call, whose context every task stores (django_pgtasks.base.tracing).
+        span = tracing.enqueueing((handler.name,), (queue,), len(payloads))
+        metadata = span.metadata_json()
+        with span, explain_missing_schema(db), connections[db].cursor() as cursor:
             # Ids are taken from the table's identity sequence first, since COPY returns none.
             cursor.execute("SELECT nextval(pg_get_serial_sequence('pgtasks_task', 'id')) "
                            "FROM generate_series(1, %s)", [len(payloads)])
@@ -276,7 +294,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             ) as copy:
                 for pk, (args, kwargs, ckey, climit) in zip(ids, payloads, strict=True):
                     copy.write_row((pk, handler.name, queue, args, kwargs, priority,
-                                    max_attempts, Status.READY, 0, "", "{}", ckey, climit))
+                                    max_attempts, Status.READY, 0, "", metadata, ckey, climit))
+            span.sent(ids=ids)
         return ids
 
     # -- claiming ------------------------------------------------------------------------

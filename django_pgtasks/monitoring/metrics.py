@@ -33,6 +33,7 @@ with ``prometheus_client.start_http_server()`` in each worker; see
 
 from __future__ import annotations
 
+import hmac
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -57,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
     ) from exc
 
 from django_pgtasks.base import routing
+from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.models import Task
 from django_pgtasks.monitoring import dashboard
 from django_pgtasks.signals import task_enqueued, task_finished, task_started
@@ -196,11 +198,51 @@ class _DefaultRegistryTaskMetrics(Collector):
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """The metrics in Prometheus's text format (``GET`` only; mount it in ``urls.py``).
 
-    It has no login of its own: serve it where only the scraper reaches it, or wrap it
-    (``staff_member_required(metrics_view)``, a view that checks a token, …).
+    Open to anyone who reaches it unless ``PGTASKS["METRICS_TOKEN"]`` or
+    ``PGTASKS["METRICS_PERMISSION"]`` is set: then it answers only a request with
+    ``Authorization: Bearer <the token>`` or of a logged-in user with the permission, and
+    refuses the others with 401 or 403 (:func:`refusal`).
     """
+    refused = refusal(request)
+    if refused is not None:
+        return refused
     if request.method not in ("GET", "HEAD"):
         response = HttpResponse(status=405)
         response["Allow"] = "GET, HEAD"
         return response
     return HttpResponse(generate_latest(registry_for_scrape()), content_type=CONTENT_TYPE_LATEST)
+
+
+#: The protection space named in the ``WWW-Authenticate`` challenge of a 401.
+REALM = "django-pgtasks metrics"
+
+
+def refusal(request: HttpRequest) -> HttpResponse | None:
+    """``None`` if ``request`` may read the metrics, else the response that refuses it.
+
+    With ``PGTASKS["METRICS_TOKEN"]`` set, a request whose ``Authorization`` header is
+    ``Bearer <token>`` (one of the tokens, compared in constant time) may; with
+    ``PGTASKS["METRICS_PERMISSION"]`` set, so may a logged-in user who has that permission.
+    With neither set, every request may. A refusal is 401 with a ``Bearer`` challenge when a
+    token would do and none or a wrong one was sent, else 403 (a logged-in user without the
+    permission, or an anonymous request when only the permission would do).
+    """
+    token, permission = pgtasks_settings.METRICS_TOKEN, pgtasks_settings.METRICS_PERMISSION
+    if token is None and permission is None:
+        return None
+    tokens = [token] if isinstance(token, str) else list(token or ())
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    bearer = given.strip().encode() if scheme.lower() == "bearer" else b""
+    if bearer and any(isinstance(t, str) and t and hmac.compare_digest(bearer, t.encode())
+                      for t in tokens):
+        return None
+    user = getattr(request, "user", None)
+    authenticated = user is not None and user.is_authenticated
+    if permission and authenticated and user.has_perm(permission):
+        return None
+    if tokens and (bearer or not authenticated):
+        response = HttpResponse(status=401)
+        error = ', error="invalid_token"' if bearer else ""
+        response["WWW-Authenticate"] = f'Bearer realm="{REALM}"{error}'
+        return response
+    return HttpResponse(status=403)

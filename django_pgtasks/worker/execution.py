@@ -42,6 +42,7 @@ from django_pgtasks.lifecycle.transitions import (
 )
 from django_pgtasks.models import Status, Task
 from django_pgtasks.signals import task_finished, task_started
+from django_pgtasks.worker.tracing import end_run, leave, start_run
 
 logger = logging.getLogger("django_pgtasks.worker")
 
@@ -51,6 +52,18 @@ class TaskExecution:
 
     def _execute(self, task: Task) -> None:
         """Run one claimed task in a pool thread and record its outcome (never raises)."""
+        # The run's span (when tracing is on) is current while the task runs here; it ends
+        # when the outcome is recorded (_finished_run), maybe later and on another thread.
+        token = start_run(task, self.worker_id)
+        if token is None:
+            self._execute_task(task)
+            return
+        try:
+            self._execute_task(task)
+        finally:
+            leave(token)
+
+    def _execute_task(self, task: Task) -> None:
         started = time.monotonic()
         logger.info(
             "Task id=%s name=%s queue=%s state=%s attempt=%d/%d",
@@ -188,9 +201,13 @@ class TaskExecution:
         done(status)
 
     def _hand_in(self, task: Task, outcome: Outcome,
-                 done: Callable[[str | None], object] = lambda status: None) -> None:
+                 done: Callable[[str | None], object] | None = None) -> None:
         """Hand ``outcome`` to the loop, which records it with the others (and then calls
-        ``done`` on a pool thread), and wake the loop."""
+        ``done`` on a pool thread; by default, ends the run's span), and wake the loop."""
+        if done is None:
+            def done(status: str | None) -> None:
+                end_run(task, status, outcome, None)
+
         self.outcomes.add(task, outcome, done)
         self._wakeup.set()
 
@@ -199,7 +216,7 @@ class TaskExecution:
         is given back), so that it does not stay RUNNING under this live worker."""
         outcome = Failed(reason_text(type(exc), f"Internal error while running the task: "
                                                 f"{exc}"), None)
-        self._hand_in(task, outcome)
+        self._hand_in(task, outcome, lambda status: end_run(task, status, outcome, exc))
 
     def _finished_run(self, task: Task, handler: TaskHandler | None, started: float,
                       status: str | None, outcome: Outcome | None,
@@ -207,6 +224,7 @@ class TaskExecution:
         """After the outcome was recorded (``status``: the task's new state; ``""`` or
         ``None``: nothing recorded): update the in-memory task, call the handler's
         ``finished()`` and send ``task_finished``."""
+        end_run(task, status, outcome, exc)
         if status:
             task.status = status
             if isinstance(outcome, Succeeded):

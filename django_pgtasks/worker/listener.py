@@ -13,7 +13,10 @@ notifies it with ``"<task id> <worker id>"`` when a running task is asked to sto
 listener hands the ids meant for its worker to ``on_cancel``. A lost notification delays the
 stop until the worker's next heartbeat, which looks for such requests too.
 
-``PGTASKS["LISTEN"] = False`` turns this off (PgBouncer in transaction mode cannot LISTEN).
+``PGTASKS["LISTEN"] = False`` turns this off. PgBouncer in transaction mode cannot LISTEN:
+with ``POOLER = "transaction"`` a worker listens on ``LISTEN_DATABASE`` (a direct connection,
+on a listener thread of its own) or not at all (:func:`~django_pgtasks.base.sessions.
+listen_database`).
 """
 
 from __future__ import annotations

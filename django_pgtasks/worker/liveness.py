@@ -13,8 +13,8 @@ A running task is **abandoned** when one of these holds (``transitions.ABANDONED
     with no per-task traffic. The grace lets a worker ride out a database restart, during
     which every lock vanishes at once: it reconnects, re-takes its lock and heartbeats again;
 (b) its worker has been silent for ``WORKER_TIMEOUT`` seconds, lock or not: a hung but still
-    connected process, or a worker using ``LIVENESS = "heartbeat"`` (needed behind PgBouncer
-    in transaction mode, where session-level locks are meaningless);
+    connected process, or a worker using ``LIVENESS = "heartbeat"`` (implied by ``POOLER =
+    "transaction"``: behind PgBouncer in transaction mode session-level locks are meaningless);
 (c) no registered worker has its ``locked_by`` and the lease (``locked_at``) is older than
     ``WORKER_TIMEOUT``: tasks claimed by code that is not a ``run_pgtasks`` worker.
 
@@ -40,7 +40,7 @@ import psycopg
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from django_pgtasks.base import maintenance
-from django_pgtasks.base.sessions import open_connection
+from django_pgtasks.base.sessions import liveness_mode, open_connection
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.transitions import (
     ABANDONED_SQL,
@@ -123,7 +123,7 @@ class Liveness:
         self.queues = queues
         self.concurrency = concurrency
         self.using = using
-        self.use_lock = pgtasks_settings.LIVENESS == "advisory_lock"
+        self.use_lock = liveness_mode() == "advisory_lock"
         self.pk: int | None = None
         self._connection: psycopg.Connection | None = None
         self._lock = threading.Lock()

@@ -29,13 +29,14 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from django_pgtasks.base import maintenance
+from django_pgtasks.base import maintenance, tracing
 from django_pgtasks.base.errors import (
     format_exception,
     is_connection_loss,
     reason_text,
 )
 from django_pgtasks.base.schema import is_missing_schema, not_migrated
+from django_pgtasks.base.sessions import transaction_pooler
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import NotMigratedError, WorkerShutdown
 from django_pgtasks.lifecycle.recorder import Recorder, close_connection
@@ -53,6 +54,7 @@ from django_pgtasks.worker.execution import TaskExecution
 from django_pgtasks.worker.listener import Listener
 from django_pgtasks.worker.liveness import Liveness
 from django_pgtasks.worker.pool import ThreadPool
+from django_pgtasks.worker.tracing import end_run
 from django_pgtasks.worker.watchdog import Watchdog
 
 __all__ = ["ThreadPool", "Worker", "default_worker_id", "format_exception"]
@@ -144,6 +146,9 @@ class Worker(Watchdog, TaskExecution):
         """Work until stopped (or, in burst mode, until idle). Returns a process exit code."""
         if install_signals:
             self._install_signal_handlers()
+        # Whether runs are traced, decided again now that the project (and its OpenTelemetry
+        # SDK, if any) is set up.
+        tracing.decide()
         logger.info(
             "Worker %s started: queues=%s concurrency=%d burst=%s",
             self.worker_id, ",".join(self.queues), self.concurrency, self.burst,
@@ -269,11 +274,12 @@ class Worker(Watchdog, TaskExecution):
 
     def _prepare_session(self) -> None:
         """Give the loop's connection its session settings, once per connection (not to a
-        pooled one: the settings would go back to the pool with it, to other code)."""
+        pooled one: the settings would go back to the pool with it, to other code; nor
+        behind a transaction pooler, which would leave them on one of its server sessions)."""
         connection = connections[self.using]
         connection.ensure_connection()
-        if connection.connection is not self._session and getattr(connection, "pool",
-                                                                  None) is None:
+        if (connection.connection is not self._session and not transaction_pooler()
+                and getattr(connection, "pool", None) is None):
             with connection.cursor() as cursor:
                 cursor.execute(SESSION_SQL, [LOCK_TIMEOUT, STATEMENT_TIMEOUT])
             self._session = connection.connection
@@ -414,7 +420,10 @@ class Worker(Watchdog, TaskExecution):
         unfinished = pool.running()
         reason = reason_text(WorkerShutdown, f"Worker {self.worker_id} shut down before the "
                                              f"task finished (grace {self.shutdown_grace:g}s).")
-        self.recorder.record([(task, Interrupted(reason)) for task in unfinished])
+        interrupted = Interrupted(reason)
+        statuses = self.recorder.record([(task, interrupted) for task in unfinished])
+        for task in unfinished:  # their threads may never finish: their spans end here
+            end_run(task, statuses.get(task.pk), interrupted, None)
         logger.warning("Worker %s exiting with %d task(s) unfinished; they were given back.",
                        self.worker_id, len(unfinished))
         return 1

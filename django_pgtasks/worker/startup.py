@@ -58,6 +58,8 @@ def preflight(alias: str, processes: int, threads: int) -> None:
         return
     if missing:
         raise not_migrated(alias, missing)
+    if pgtasks_settings.POOLER is not None:
+        return  # the pooler's pool size bounds the server connections, not the workers
     available = available_connections(max_connections, superuser_reserved, reserved)
     needed = connections_needed(processes, threads, connections[alias].settings_dict)
     if needed > available:

@@ -2,6 +2,7 @@
 
 A thread with one database session of its own (the listener's): heartbeats, the
 cancellation safety net, time limits and the supervisor check, every ``WATCH_TICK``.
+With ``LISTEN_DATABASE`` the notifications come on a second thread and session, a direct one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from django_pgtasks.base.errors import (
     reason_text,
 )
 from django_pgtasks.base.registry import cancel_signal, get_handler
+from django_pgtasks.base.sessions import listen_database
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import (
     PgTasksError,
@@ -39,30 +41,49 @@ WATCH_TICK = 0.1
 class Watchdog:
     """The watchdog's part of :class:`~django_pgtasks.worker.loop.Worker`."""
 
+    #: The thread listening on ``LISTEN_DATABASE``, when that is not the task database.
+    _notifications: Listener | None = None
 
     def _start_watchdog(self) -> Listener:
         """Start the watchdog, a thread with one session of its own, and wait (briefly) until
         it registered the worker. It listens for notifications (unless ``LISTEN`` is off)
         and every ``WATCH_TICK`` does what no claim waiting on a lock, slow maintenance job
         or shutdown grace may delay: heartbeats, the cancellation safety net, time limits and
-        the supervisor check. The liveness lock is held by the same session."""
+        the supervisor check. The liveness lock is held by the same session.
+
+        Where notifications come through another database alias than the task database's
+        (``LISTEN_DATABASE``: a direct connection past a pooler), a second thread listens
+        there; ``self.listener`` is then that one. Losing it only slows wake-ups down to the
+        poll: the heartbeats keep going through the task database."""
         registered = threading.Event()
 
         def on_connect(conn: Any) -> None:
             self.liveness.use(conn)
             registered.set()
 
+        listen_on = listen_database(self.using) if pgtasks_settings.LISTEN else None
         watchdog = Listener(
             self.using, self.queues, self._wakeup, worker_id=self.worker_id,
-            on_cancel=self._stop_task, listen=bool(pgtasks_settings.LISTEN), tick=WATCH_TICK,
+            on_cancel=self._stop_task, listen=listen_on == self.using, tick=WATCH_TICK,
             on_connect=on_connect, on_tick=self._watch,
             on_stop=lambda conn: self.liveness.unregister(),
         )
         # Set before the thread starts: whoever sees the worker registered sees its watchdog.
         self.listener = watchdog
+        if listen_on is not None and listen_on != self.using:
+            self._notifications = Listener(listen_on, self.queues, self._wakeup,
+                                           worker_id=self.worker_id, on_cancel=self._stop_task)
+            self._notifications.start()
+            self.listener = self._notifications
         watchdog.start()
         registered.wait(timeout=5)
         return watchdog
+
+    def _stop_watchdog(self, watchdog: Listener) -> None:
+        """Stop the watchdog (which unregisters the worker) and the listener of its own."""
+        watchdog.stop()
+        if self._notifications is not None:
+            self._notifications.stop()
 
     def _watch(self, conn: Any) -> None:
         """One turn of the watchdog (on its thread; ``conn`` is its session)."""

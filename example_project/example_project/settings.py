@@ -143,8 +143,13 @@ PGTASKS = {
     "COMPLETION_WINDOW": 0.005,
     # Seconds an idle worker waits before looking again; new work wakes it at once (LISTEN).
     "POLL_INTERVAL": 5.0,
-    # Wake idle workers with LISTEN/NOTIFY (turn off behind PgBouncer in transaction mode).
+    # Wake idle workers with LISTEN/NOTIFY.
     "LISTEN": True,
+    # None, or "transaction" behind a pooler in transaction mode (PgBouncer): workers then
+    # keep no session state there (docs/howto/pgbouncer.md).
+    "POOLER": None,
+    # A direct database alias for LISTEN past such a pooler (None: the task database's own).
+    "LISTEN_DATABASE": None,
     # Seconds a worker keeps its choice between the plain claim and the one that enforces
     # concurrency keys and rate limits (queue pauses apply at once regardless).
     "CONTROLS_REFRESH": 1.0,
@@ -188,6 +193,11 @@ PGTASKS = {
     "SCHEDULER_INTERVAL": 1.0,
     # Runs missed while no worker ran: "once" (one run for all), "skip", or "all" (at most 100).
     "MISSED_RUNS": "once",
+    # Trace enqueues and runs with OpenTelemetry when its SDK is set up (the "otel" extra).
+    "TRACING": True,
+    # Protect the Prometheus metrics view with a bearer token and/or a permission (None: open).
+    "METRICS_TOKEN": None,
+    "METRICS_PERMISSION": None,
 }
 
 LOGGING = {

@@ -155,3 +155,110 @@ def test_signals_fire_and_feed_the_counters(client: Client) -> None:
     samples = scrape(client)
     assert value(samples, "pgtasks_tasks_finished_total", task=name_ok, queue="default",
                  status="SUCCESSFUL") == ok_before + 1
+
+
+# -- protecting the view ----------------------------------------------------------------------
+
+
+def get(client: Client, method: str = "get", **headers: str):
+    with override_settings(ROOT_URLCONF=__name__):
+        return getattr(client, method)(METRICS_URL, headers=headers)
+
+
+def protect(settings, **options: object) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, **options}
+
+
+TOKEN = "s3cr3t-Token_for.metrics~"
+
+
+def test_with_a_token_only_its_bearer_may_scrape(client: Client, settings) -> None:
+    protect(settings, METRICS_TOKEN=TOKEN)
+
+    missing = get(client)
+    assert missing.status_code == 401
+    assert missing["WWW-Authenticate"] == 'Bearer realm="django-pgtasks metrics"'
+    assert b"pgtasks_" not in missing.content
+    wrong = get(client, authorization=f"Bearer {TOKEN}x")
+    assert wrong.status_code == 401
+    assert wrong["WWW-Authenticate"] == (
+        'Bearer realm="django-pgtasks metrics", error="invalid_token"')
+    assert get(client, authorization=f"Basic {TOKEN}").status_code == 401
+    assert get(client, authorization=TOKEN).status_code == 401
+    assert get(client, authorization="Bearer ").status_code == 401
+
+    for header in (f"Bearer {TOKEN}", f"bearer {TOKEN}", f"Bearer  {TOKEN} "):
+        response = get(client, authorization=header)
+        assert response.status_code == 200, header
+        assert b"pgtasks_tasks_waiting" in response.content
+    assert get(client, "head", authorization=f"Bearer {TOKEN}").status_code == 200
+    # Refused before anything else is said; with the token, the method is checked as before.
+    assert get(client, "post").status_code == 401
+    assert get(client, "post", authorization=f"Bearer {TOKEN}").status_code == 405
+
+
+def test_tokens_can_be_rotated_with_a_list(client: Client, settings) -> None:
+    protect(settings, METRICS_TOKEN=["old-token", "new-token"])
+    assert get(client, authorization="Bearer old-token").status_code == 200
+    assert get(client, authorization="Bearer new-token").status_code == 200
+    assert get(client, authorization="Bearer other-token").status_code == 401
+
+
+def test_with_a_permission_only_users_who_have_it_may_scrape(
+        viewer_client: Client, settings) -> None:
+    from django.contrib.auth.models import User
+
+    protect(settings, METRICS_PERMISSION="django_pgtasks.view_task")
+    client = Client()  # anonymous (viewer_client is the logged-in one)
+    assert get(client).status_code == 403  # anonymous: no scheme to offer, so 403
+    assert get(client, authorization="Bearer anything").status_code == 403
+    assert get(viewer_client).status_code == 200  # staff with django_pgtasks.view_task
+
+    other = Client()
+    other.force_login(User.objects.create_user("nobody", password="unused", is_staff=True))
+    assert get(other).status_code == 403
+    boss = Client()
+    boss.force_login(User.objects.create_superuser("boss", password="unused"))
+    assert get(boss).status_code == 200
+
+
+def test_with_both_either_the_token_or_the_permission_will_do(
+        viewer_client: Client, settings) -> None:
+    from django.contrib.auth.models import User
+
+    protect(settings, METRICS_TOKEN=TOKEN, METRICS_PERMISSION="django_pgtasks.view_task")
+    client = Client()  # anonymous
+    assert get(client, authorization=f"Bearer {TOKEN}").status_code == 200
+    assert get(viewer_client).status_code == 200
+    assert get(viewer_client, authorization="Bearer wrong").status_code == 200
+    assert get(client).status_code == 401
+    other = Client()
+    other.force_login(User.objects.create_user("nobody", password="unused"))
+    assert get(other).status_code == 403  # logged in, without the permission
+    assert get(other, authorization="Bearer wrong").status_code == 401
+    assert get(other, authorization=f"Bearer {TOKEN}").status_code == 200
+
+
+def test_the_view_stays_open_without_either_setting(client: Client, settings) -> None:
+    protect(settings, METRICS_TOKEN=None, METRICS_PERMISSION=None)
+    assert get(client).status_code == 200
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"METRICS_TOKEN": TOKEN}, []),
+    ({"METRICS_TOKEN": ["a-token", "b-token=="]}, []),
+    ({"METRICS_PERMISSION": "django_pgtasks.view_task"}, []),
+    ({"METRICS_TOKEN": ""}, ["E060"]),
+    ({"METRICS_TOKEN": "has space"}, ["E060"]),
+    ({"METRICS_TOKEN": []}, ["E060"]),
+    ({"METRICS_TOKEN": ["ok", 42]}, ["E060"]),
+    ({"METRICS_TOKEN": b"bytes"}, ["E060"]),
+    ({"METRICS_PERMISSION": "view_task"}, ["E061"]),
+    ({"METRICS_PERMISSION": True}, ["E061"]),
+    ({"METRICS_TOKEN": 1, "METRICS_PERMISSION": "a.b.c"}, ["E060", "E061"]),
+])
+def test_metrics_settings_are_checked(settings, options: dict, expected: list[str]) -> None:
+    from django_pgtasks.checks import check_metrics
+
+    protect(settings, **options)
+    assert [e.id for e in check_metrics()] == [f"django_pgtasks.{i}" for i in expected]
