@@ -205,7 +205,7 @@ def drain_plan(args, results: dict) -> list[tuple[str, dict, object]]:
         systems.append((Procrastinate(args.database), args.procrastinate, args.peer_tasks))
         systems.append((DjTasksDb(args.database), args.djtasks, args.peer_tasks))
     for system, configs, n in systems:
-        for text in configs:
+        for text in filter(None, configs):  # an empty list ("--djtasks ''") skips a system
             config = Config.parse(text)
             label = config.label(system.default_concurrency)
             key = f"{system.name} {'default (' + label + ')' if text == 'default' else label}"
