@@ -92,6 +92,10 @@ def _unless_rerun(status: str, attempt: str = "t.attempt", run_after: str = "t.r
 #: The worker ids of a task's attempts without the last one: for an attempt given back.
 _WITHOUT_LAST_WORKER = "t.worker_ids - (jsonb_array_length(t.worker_ids) - 1)"
 
+# The outcome statements below take one array per column, sent in binary (%b): psycopg
+# builds a text array literal in Python, escaping every element. They run on
+# rows.fast_cursor(), which binds parameters on the server (the only binding that takes %b).
+
 #: The lease guard: still RUNNING under the worker and claim that the arrays name.
 _LEASED = ("t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker "
            "AND t.claims = v.lease")
@@ -100,7 +104,7 @@ _LEASED = ("t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker "
 SUCCEED_SQL = f"""
     UPDATE pgtasks_task t SET {_unless_rerun("'SUCCESSFUL'")},
         result = v.result::jsonb, error_text = ''
-    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[])
+    FROM unnest(%b::bigint[], %b::text[], %b::bigint[], %b::text[])
          AS v(id, worker, lease, result)
     WHERE {_LEASED}
     RETURNING t.id, t.status
@@ -115,7 +119,7 @@ FAIL_SQL = f"""
         run_after=f"CASE WHEN {_CAN_RETRY} THEN now() + make_interval(secs => v.delay) "
                   f"ELSE t.run_after END")},
         error_text = v.error, errors = {append_error_sql("v.error", "t")}
-    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[], %s::float8[])
+    FROM unnest(%b::bigint[], %b::text[], %b::bigint[], %b::text[], %b::float8[])
          AS v(id, worker, lease, error, delay)
     WHERE {_LEASED}
     RETURNING t.id, t.status
@@ -129,7 +133,7 @@ CANCEL_SQL = f"""
         error_text = v.error,
         errors = CASE WHEN v.error = '' THEN t.errors
                       ELSE {append_error_sql("v.error", "t")} END
-    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[])
+    FROM unnest(%b::bigint[], %b::text[], %b::bigint[], %b::text[])
          AS v(id, worker, lease, error)
     WHERE {_LEASED}
     RETURNING t.id, t.status
@@ -148,7 +152,7 @@ SNOOZE_SQL = f"""
                             'snoozes', coalesce((t.metadata ->> 'snoozes')::int, 0) + 1)
                         ELSE t.metadata END,
         cancel_requested = t.cancel_requested AND NOT t.rerun_requested
-    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::float8[])
+    FROM unnest(%b::bigint[], %b::text[], %b::bigint[], %b::float8[])
          AS v(id, worker, lease, seconds)
     WHERE {_LEASED}
     RETURNING t.id, t.status
@@ -187,7 +191,7 @@ def _interrupted_params() -> list[Any]:
 
 INTERRUPT_SQL = f"""
     UPDATE pgtasks_task t SET {_INTERRUPTED}
-    FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::text[])
+    FROM unnest(%b::bigint[], %b::text[], %b::bigint[], %b::text[])
          AS v(id, worker, lease, error)
     WHERE {_LEASED}
     RETURNING t.id, t.status

@@ -5,11 +5,13 @@ into an outcome, hand the outcome to the loop, then run the callbacks.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.backends.signals import connection_created
 
 from django_pgtasks.base.errors import (
     error_text,
@@ -45,6 +47,20 @@ from django_pgtasks.signals import task_finished, task_started
 from django_pgtasks.worker.tracing import end_run, leave, start_run
 
 logger = logging.getLogger("django_pgtasks.worker")
+
+#: Per thread, the aliases of the database connections opened in it: all that
+#: ``_after_task`` has to look at (most handlers open none, and then it looks at nothing).
+_opened = threading.local()
+
+
+def _note_opened(sender: Any, connection: Any, **kwargs: Any) -> None:
+    aliases = getattr(_opened, "aliases", None)
+    if aliases is None:
+        aliases = _opened.aliases = set()
+    aliases.add(connection.alias)
+
+
+connection_created.connect(_note_opened, dispatch_uid="django_pgtasks.worker.opened")
 
 class TaskExecution:
     """The pool threads' part of :class:`~django_pgtasks.worker.loop.Worker`."""
@@ -264,8 +280,22 @@ class TaskExecution:
         # the next task in this thread starts clean. Healthy connections are kept for reuse,
         # except pooled ones (OPTIONS["pool"]), which go back to the pool between tasks so
         # that threads share a bounded number of connections.
-        for conn in connections.all(initialized_only=True):
-            if (conn.in_atomic_block or getattr(conn, "pool", None) is not None
+        # Only connections opened in this thread can need it (a transaction left open, or
+        # errors, imply an opened connection): not every alias's, each a thread-local lookup.
+        for alias in getattr(_opened, "aliases", ()):
+            conn = connections[alias]
+            if conn.in_atomic_block:
+                # A transaction the handler left open (atomic() entered, never exited):
+                # close() alone would only mark it for rollback and keep the wrapper inside
+                # it. Closing the database connection ends it on the server; the next task
+                # gets a fresh wrapper, without the abandoned transaction's bookkeeping.
+                try:
+                    conn._close()
+                except Exception:
+                    logger.exception("Closing a connection left in a transaction failed.")
+                conn.connection = None
+                del connections[alias]
+            elif (getattr(conn, "pool", None) is not None
                     or (conn.errors_occurred and not conn.is_usable())):
                 conn.close()
         if self.task_pause:

@@ -272,3 +272,17 @@ def test_a_late_finisher_cannot_record_over_a_later_attempt_of_the_same_worker()
     assert (row.status, row.attempt, row.result) == (Status.RUNNING, 2, None)
     assert Task.objects.mark_many_succeeded([(second, "ok")]) == {second.pk}
     assert Task.objects.get(pk=first.pk).result == "ok"
+
+
+def test_a_transaction_a_handler_left_open_does_not_reach_the_next_task() -> None:
+    # One thread runs both, one after the other: the first leaves its transaction open with
+    # a write in it; the worker closes that connection (the write is rolled back) before the
+    # next task runs on the thread.
+    first = Task.objects.enqueue(tasks.leaves_a_transaction_open, "left open")
+    second = Task.objects.enqueue(tasks.in_a_transaction)
+    drain(concurrency=1, prefetch=0)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.status, second.status) == (Status.SUCCESSFUL, Status.SUCCESSFUL)
+    assert second.result is False
+    assert not Execution.objects.filter(worker="left open").exists()

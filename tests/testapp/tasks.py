@@ -187,3 +187,20 @@ def divide_sometimes(ctx: TaskContext, seed: int) -> float:
     if random.Random(seed * 1000 + ctx.attempt).random() < 0.35:
         return 1 / 0
     return 1.0
+
+
+@pgtask
+def leaves_a_transaction_open(marker: str) -> None:
+    """Opens a transaction, writes, and returns without ending it (a handler's bug)."""
+    from django.db import transaction
+
+    transaction.atomic().__enter__()
+    Execution.objects.create(task_id=0, worker=marker)
+
+
+@pgtask
+def in_a_transaction() -> bool:
+    """Whether this thread's connection is inside a transaction when the handler starts."""
+    from django.db import connection
+
+    return connection.in_atomic_block
