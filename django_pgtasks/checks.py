@@ -17,6 +17,7 @@ from django_pgtasks.base.budget import (
     available_connections,
     connections_needed,
 )
+from django_pgtasks.base.schema import missing_migrations
 from django_pgtasks.base.validation import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RE
 from django_pgtasks.conf import DEFAULTS, pgtasks_settings
 from django_pgtasks.retry import POLICIES
@@ -82,7 +83,8 @@ def check_queue_databases(app_configs: Any = None, **kwargs: Any) -> list[Error]
 def check_queue_tables(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[Warning]:
-    """Each queue database checked (``manage.py check --database ALIAS``) has the task table.
+    """Each queue database checked (``manage.py check --database ALIAS``) has the task table
+    (W040) and every migration of django_pgtasks applied (W042).
 
     Like Django's own database checks, only the aliases in ``databases`` are queried.
     """
@@ -102,6 +104,7 @@ def check_queue_tables(
             with connections[alias].cursor() as cursor:
                 cursor.execute("SELECT to_regclass('pgtasks_task') IS NOT NULL")
                 present = cursor.fetchone()[0]
+                missing = missing_migrations(cursor) if present else []
         except DatabaseError as exc:
             warnings.append(Warning(
                 f"The queue database {alias!r} could not be reached to check for the task "
@@ -113,6 +116,13 @@ def check_queue_tables(
                 f"The queue database {alias!r} has no task table (pgtasks_task): tasks of "
                 f"its queues ({', '.join(_queues_on(alias)) or 'none'}) cannot be enqueued or "
                 f"run.", obj="PGTASKS", id="django_pgtasks.W040",
+                hint=f"Run: python manage.py migrate --database {alias}",
+            ))
+        elif missing:
+            warnings.append(Warning(
+                f"The queue database {alias!r} lacks {len(missing)} migration(s) of "
+                f"django_pgtasks ({', '.join(missing)}): workers refuse to start there and "
+                f"enqueues may fail.", obj="PGTASKS", id="django_pgtasks.W042",
                 hint=f"Run: python manage.py migrate --database {alias}",
             ))
     return warnings

@@ -146,3 +146,17 @@ def test_migrate_does_not_warn_about_the_table_it_is_about_to_create() -> None:
     [warning] = check_queue_tables(databases=["default"])
     assert warning.id == "django_pgtasks.W040"
     assert warning.hint == "Run: python manage.py migrate --database default"
+
+
+def test_check_database_names_the_migrations_an_upgrade_left_unapplied(
+        empty_database, run_in) -> None:
+    assert run_in(empty_database, "migrate", "django_pgtasks", "0009").returncode == 0
+    result = run_in(empty_database, "check", "--database", "default")
+    missing = [name for name in expected_migrations() if name[:4] > "0009"]
+    assert f"(django_pgtasks.W042) The queue database 'default' lacks {len(missing)} " \
+           f"migration(s) of django_pgtasks ({', '.join(missing)})" in result.stderr, \
+           result.stderr
+    assert run_in(empty_database, "migrate").returncode == 0
+    result = run_in(empty_database, "check", "--database", "default")
+    assert "W042" not in result.stderr + result.stdout
+    assert "System check identified no issues" in result.stdout
