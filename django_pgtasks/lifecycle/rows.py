@@ -31,6 +31,7 @@ from datetime import UTC
 from typing import Any
 
 import psycopg
+from django.core.signals import setting_changed
 from django.db import DatabaseError, connections
 from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
@@ -83,34 +84,59 @@ def fast_cursor(db: str) -> Iterator[CursorWrapper]:
             raise
 
 
+#: How rows of one shape become instances, per (model, database alias, column names): worked
+#: out once, not per claim (reading a cursor's description builds an object per column).
+_plans: dict[tuple[type, str, tuple[bytes, ...]], tuple[list[int], list, list]] = {}
+
+
+def _plan(model: type, db: str, names: tuple[bytes, ...]) -> tuple[list[int], list, list]:
+    key = (model, db, names)
+    plan = _plans.get(key)
+    if plan is None:
+        connection = connections[db]
+        columns = [name.decode() for name in names]
+        fields = model._meta.concrete_fields
+        position = {name: i for i, name in enumerate(columns)}
+        order = [position[field.column] for field in fields]
+        table = model._meta.db_table
+        converters = [
+            (i, converter, Col(table, field))
+            for i, field in enumerate(fields)
+            for converter in field.get_db_converters(connection)
+        ]
+        known = {field.column for field in fields}
+        extra = [(name, i) for name, i in position.items() if name not in known]
+        plan = _plans[key] = (order, converters, extra)
+    return plan
+
+
+def _forget_plans(**kwargs: Any) -> None:
+    _plans.clear()  # converters may depend on settings (USE_TZ), changed in tests
+
+
+setting_changed.connect(_forget_plans, dispatch_uid="django_pgtasks.lifecycle.rows")
+
+
 def load_rows(model: type, db: str, sql: str, params: list[Any]) -> list[Any]:
     """Run ``sql`` (whose rows are whole rows of ``model``'s table, plus any extra columns)
     on ``db`` and return them as ``model`` instances, as ``raw()`` would; an extra column
     becomes an attribute of the same name."""
-    connection = connections[db]
     with fast_cursor(db) as cursor:
         cursor.execute(sql, params)
-        columns = [column.name for column in cursor.description]
         rows = cursor.fetchall()
-    if not rows:
-        return []
-    fields = model._meta.concrete_fields
-    position = {name: i for i, name in enumerate(columns)}
-    order = [position[field.column] for field in fields]
-    table = model._meta.db_table
-    converters = [
-        (i, converter, Col(table, field))
-        for i, field in enumerate(fields)
-        for converter in field.get_db_converters(connection)
-    ]
-    known = {field.column for field in fields}
-    extra = [(name, i) for name, i in position.items() if name not in known]
+        if not rows:
+            return []
+        result = cursor.pgresult
+        names = tuple(result.fname(i) for i in range(result.nfields))
+    order, converters, extra = _plan(model, db, names)
+    connection = connections[db]
+    from_db = model.from_db
     instances = []
     for row in rows:
         values = [row[i] for i in order]
         for i, converter, expression in converters:
             values[i] = converter(values[i], expression, connection)
-        instance = model.from_db(db, None, values)
+        instance = from_db(db, None, values)
         for name, i in extra:
             setattr(instance, name, row[i])
         instances.append(instance)

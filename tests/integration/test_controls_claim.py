@@ -236,9 +236,9 @@ LIMITS = {"a": 1, "b": 2, "c": 3}
 PER_KEY = 24
 
 
-def enqueue_gauge_workload(keyed: bool) -> None:
+def enqueue_gauge_workload(keyed: bool, hold: float = 0.02) -> None:
     Task.objects.enqueue_many(
-        limited.hold.build(name, 0.02,
+        limited.hold.build(name, hold,
                            **({"concurrency_key": f"gauge:{name}", "concurrency_limit": limit}
                               if keyed else {}))
         for name, limit in LIMITS.items() for _ in range(PER_KEY)
@@ -291,7 +291,9 @@ def test_worker_processes_never_exceed_the_limit_of_a_key(gauge: None, start_com
     try:
         # All four compete for the work (and each is past its start-up when it is stopped).
         wait_until(lambda: WorkerProcess.objects.count() == 4, timeout=60)
-        enqueue_gauge_workload(keyed=True)
+        # Tasks long enough (about 1.2 s of work at the limits' 6 at a time) that a process
+        # slowed by a loaded machine cannot leave all of it to another.
+        enqueue_gauge_workload(keyed=True, hold=0.1)
         wait_until(all_finished, timeout=240)
     finally:
         outputs = stop_processes(processes)
