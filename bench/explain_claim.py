@@ -157,29 +157,37 @@ def describe_table() -> None:
     print(f"Table heap: {table_size}; {CLAIM_INDEX}: {index_size}.")
 
 
-def captured_claim_sql(queues: list[str], limit: int) -> str:
-    """The exact statement ``Task.objects.claim()`` sends, from a rolled-back claim."""
+def captured_claim_sql(queues: list[str], limit: int) -> tuple[str, list]:
+    """The exact statement ``Task.objects.claim()`` sends and its parameters, from a
+    rolled-back claim (caught by an execute wrapper: the claim binds its parameters on the
+    server, so the query log shows ``$1`` placeholders, not values)."""
     from django.db import connection, transaction
-    from django.test.utils import CaptureQueriesContext
 
     from django_pgtasks.models import Task
 
-    with transaction.atomic():
-        with CaptureQueriesContext(connection) as captured:
-            Task.objects.claim("bench-worker", queues=queues, limit=limit)
+    captured: list[tuple[str, list]] = []
+
+    def capture(execute, sql, params, many, context):
+        captured.append((sql, list(params or [])))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic(), connection.execute_wrapper(capture):
+        Task.objects.claim("bench-worker", queues=queues, limit=limit)
         transaction.set_rollback(True)
-    [sql] = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("WITH ")]
-    return sql
+    [claim] = [(sql, params) for sql, params in captured if sql.lstrip().startswith("WITH ")]
+    return claim
 
 
-def explain_analyze(sql: str) -> str:
+def explain_analyze(claim: tuple[str, list]) -> str:
     """``EXPLAIN (ANALYZE, BUFFERS)`` of the claim; the UPDATE it executes is rolled back."""
-    from django.db import connection, transaction
+    from django.db import transaction
 
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}")
-            plan = "\n".join(row[0] for row in cursor.fetchall())
+    from django_pgtasks.lifecycle.rows import fast_cursor
+
+    sql, params = claim
+    with transaction.atomic(), fast_cursor("default") as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)
     return plan
 
@@ -276,11 +284,11 @@ def main() -> int:
 
         for queues in (["default"], ["default", "emails"]):
             for limit in (1, 50):
-                sql = captured_claim_sql(queues, limit)
-                explain_analyze(sql)  # warm-up, not printed
-                plan = explain_analyze(sql)
+                claim = captured_claim_sql(queues, limit)
+                explain_analyze(claim)  # warm-up, not printed
+                plan = explain_analyze(claim)
                 title = f"queues={','.join(queues)} limit={limit}"
-                print(f"\n=== Claim statement, {title} ===\n{sql}")
+                print(f"\n=== Claim statement, {title} ===\n{claim[0]}\nparameters: {claim[1]}")
                 print(f"\n=== EXPLAIN (ANALYZE, BUFFERS), {title} ===\n{plan}")
                 problems = check_plan(plan, queues)
                 failures.extend(f"{title}: {p}" for p in problems)
@@ -293,14 +301,14 @@ def main() -> int:
         time_baseline(args.claims)
 
         # The claimed rows left dead entries at the front of the index range until vacuum.
-        sql = captured_claim_sql(["default"], 1)
-        plan = explain_analyze(sql)
+        claim = captured_claim_sql(["default"], 1)
+        plan = explain_analyze(claim)
         print(f"\n=== EXPLAIN (ANALYZE, BUFFERS) after the timed claims, before VACUUM, "
               f"queues=default limit=1 ===\n{plan}")
         failures.extend(f"after claims: {p}" for p in check_plan(plan, ["default"]))
         with connection.cursor() as cursor:
             cursor.execute("VACUUM (ANALYZE) pgtasks_task")
-        plan = explain_analyze(sql)
+        plan = explain_analyze(claim)
         print(f"\n=== The same after VACUUM (ANALYZE) ===\n{plan}")
         failures.extend(f"after vacuum: {p}" for p in check_plan(plan, ["default"]))
         connections.close_all()

@@ -470,8 +470,8 @@ def section_large(args, results: dict) -> None:
                 assert claimed, "ran out of due tasks"
             claim_means.append(statistics.mean(times))
         entry["claim_ms"] = summary(claim_means)
-        sql = explain_claim.captured_claim_sql(["default"], 1)
-        entry["claim_plan"] = explain_claim.explain_analyze(sql)
+        claim = explain_claim.captured_claim_sql(["default"], 1)
+        entry["claim_plan"] = explain_claim.explain_analyze(claim)
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) SELECT count(*) FROM pgtasks_task "
                            "WHERE status IN ('READY', 'AWAITING_RETRY') AND queue = 'default'")
