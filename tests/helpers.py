@@ -133,3 +133,28 @@ def terminate_worker_backends() -> int:
             "WHERE application_name = 'pgtasks worker' AND datname = current_database()"
         )
         return cursor.fetchone()[0]
+
+
+def race_scheduler_passes(seconds: float = 3.0, threads: int = 8) -> None:
+    """Run scheduler passes in ``threads`` threads at once for ``seconds``, each thread with
+    its own connection, as concurrent workers would; fail the test on any error."""
+    from django_pgtasks.scheduling import job
+
+    deadline = time.monotonic() + seconds
+    errors: list[BaseException] = []
+
+    def race() -> None:
+        try:
+            while time.monotonic() < deadline:
+                job.run_scheduler("default")
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    racers = [threading.Thread(target=race) for _ in range(threads)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(timeout=60)
+    assert not errors, errors

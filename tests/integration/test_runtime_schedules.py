@@ -7,15 +7,13 @@ Transactional tests on real PostgreSQL, so that ``now()`` advances as in product
 from __future__ import annotations
 
 import itertools
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
@@ -23,7 +21,7 @@ from django_pgtasks.base.schedules import Cron, Every, parse_spec
 from django_pgtasks.models import Schedule, Task
 from django_pgtasks.scheduling import job as scheduling
 from django_pgtasks.scheduling.declarations import planned_at
-from tests.helpers import wait_until
+from tests.helpers import race_scheduler_passes, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -193,24 +191,7 @@ def test_the_missed_run_policy_applies(admin_client: Client, settings: Any) -> N
 @pytest.mark.slow
 def test_eight_threads_racing_produce_each_run_once(admin_client: Client) -> None:
     admin_client.post(ADD, form(spec="every 0.2s", args='["eu"]'))
-    deadline = time.monotonic() + 3.0
-    errors: list[BaseException] = []
-
-    def race() -> None:
-        try:
-            while time.monotonic() < deadline:
-                scheduling.run_scheduler("default")
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=race) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not errors
+    race_scheduler_passes()
     runs = sorted(planned_at(task) for task in Task.objects.filter(name=REPORT))
     assert len(runs) >= 10
     assert max(Counter(runs).values()) == 1

@@ -41,6 +41,7 @@ from django_pgtasks.scheduling import job as scheduling
 from django_pgtasks.scheduling import plan, planned_at
 from django_pgtasks.signals import task_enqueued
 from django_pgtasks.worker.loop import Worker
+from tests.helpers import race_scheduler_passes
 from tests.testapp.models import Execution
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "howto" / "periodic.md"
@@ -318,24 +319,7 @@ def test_four_workers_produce_each_planned_run_exactly_once_with_no_gaps(configu
 @pytest.mark.slow
 def test_eight_threads_racing_scheduler_passes_produce_each_run_once(configure) -> None:
     configure(SCHEDULE={"fast": {"task": TICK, "schedule": every(seconds=0.2)}})
-    deadline = time.monotonic() + 3.0
-    errors: list[BaseException] = []
-
-    def race() -> None:
-        try:
-            while time.monotonic() < deadline:
-                scheduling.run_scheduler("default")
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=race) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not errors
+    race_scheduler_passes()
     runs = planned_runs("fast")
     assert len(runs) >= 12
     assert max(Counter(runs).values()) == 1
