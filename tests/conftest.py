@@ -144,3 +144,16 @@ def _no_session_outlives_the_run(django_db_setup: None, django_db_blocker) -> It
         except AssertionError:
             raise AssertionError(f"Sessions still open on the test database at the end of "
                                  f"the run: {others()}") from None
+
+
+@pytest.fixture
+def fresh_scheduler_state() -> Iterator[None]:
+    """The scheduler remembers, per process, what it wrote and what it reported; each test
+    that uses it starts from nothing."""
+    from django_pgtasks.scheduling import job
+
+    job._written.clear()
+    job._reported.clear()
+    yield
+    job._written.clear()
+    job._reported.clear()

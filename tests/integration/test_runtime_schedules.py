@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -23,20 +22,12 @@ from django_pgtasks.scheduling import job as scheduling
 from django_pgtasks.scheduling.declarations import planned_at
 from tests.helpers import race_scheduler_passes, wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("fresh_scheduler_state")]
 
 REPORT = "tests.testapp.periodic.report"
 TICK = "tests.testapp.periodic.tick"
 ADD = reverse("admin:django_pgtasks_schedule_add")
-
-
-@pytest.fixture(autouse=True)
-def fresh_scheduler_state() -> Iterator[None]:
-    scheduling._written.clear()
-    scheduling._reported.clear()
-    yield
-    scheduling._written.clear()
-    scheduling._reported.clear()
 
 
 def form(**fields: Any) -> dict[str, Any]:

@@ -50,19 +50,10 @@ db = pytest.mark.django_db(transaction=True)
 P = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 MINUTE = every(minutes=1)
 UTC_ZONE = zone("UTC")
+pytestmark = pytest.mark.usefixtures("fresh_scheduler_state")
 
 
 # -- fixtures and helpers -------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def fresh_scheduler_state() -> Iterator[None]:
-    """The scheduler remembers, per process, what it wrote; each test starts from nothing."""
-    scheduling._written.clear()
-    scheduling._reported.clear()
-    yield
-    scheduling._written.clear()
-    scheduling._reported.clear()
 
 
 @pytest.fixture
