@@ -136,6 +136,12 @@ class TooManyInterruptions(PgTasksError):
     it may be what kills its worker (out of memory, a crash in native code)."""
 
 
+class ParentFailed(PgTasksError):
+    """A task it depends on did not succeed, and its ``on_parent_failure`` policy is
+    ``"skip"`` (it ends ``CANCELLED``) or ``"fail"`` (it ends ``FAILED``); its
+    ``error_text`` names this class."""
+
+
 class TaskWaitTimeout(PgTasksError, TimeoutError):
     """``Task.objects.wait()`` gave up: the task had not finished within ``timeout`` seconds.
 

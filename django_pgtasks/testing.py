@@ -38,6 +38,7 @@ from django_pgtasks.base.payload import normalize_value
 from django_pgtasks.base.registry import TaskHandler
 from django_pgtasks.base.routing import queue_databases, queues_on
 from django_pgtasks.lifecycle import claim as claiming
+from django_pgtasks.lifecycle import dependencies
 from django_pgtasks.signals import task_enqueued
 
 __all__ = [
@@ -115,6 +116,7 @@ def drain(
             if delayed:
                 Task.objects.using(alias).filter(queue__in=served).pending().filter(
                     run_after__gt=Now()).update(run_after=Now())
+            _as_if_committed(alias)
             claimed = Task.objects.claim(runner.worker_id, served, limit=1, using=alias)
             if not claimed:
                 break
@@ -141,6 +143,7 @@ def run_task(task: Any, *, raise_errors: bool = False) -> Any:
     else:
         pk, alias = task, Task.objects._db_alias(None)
     runner = _inline_runner([], alias)
+    _as_if_committed(alias)
     with transaction.atomic(using=alias, savepoint=False):
         candidates = [Task.objects.using(alias).filter(pk=pk, status__in=PENDING)
                       .select_for_update(skip_locked=True)
@@ -270,6 +273,13 @@ def _describe(tasks: list[Any]) -> str:
 
 
 @functools.cache
+def _as_if_committed(alias: str) -> None:
+    """Inside the test's transaction, which never commits: release the tasks whose parents
+    ended before they were enqueued, as the commit would (models/dependencies.py)."""
+    if connections[alias].in_atomic_block:
+        dependencies.settle_ended_parents(alias)
+
+
 def _inline_runner_class() -> type:
     from django_pgtasks.worker.loop import Worker
 

@@ -142,6 +142,26 @@ class TaskContext:
         :meth:`should_stop`. For handlers that poll or back off between steps."""
         return cancel_signal(self.task).wait(seconds)
 
+    # -- workflows -------------------------------------------------------------------------
+
+    def parents(self) -> list[Any]:
+        """How each task this one depends on ended (``depends_on``, a chain's previous step,
+        a group's members for its callback), in the order they were given: a list of
+        :class:`~django_pgtasks.lifecycle.dependencies.ParentOutcome` (``id``, ``name``,
+        ``status``, ``result``, ``error_text``, ``succeeded``). Read from the database on
+        each call."""
+        return _tasks().parent_outcomes(self.task)
+
+    def parent_result(self) -> Any:
+        """The result of the one task this one depends on (a chain's previous step).
+
+        Raises ``LookupError`` unless it depends on exactly one task."""
+        parents = self.parents()
+        if len(parents) != 1:
+            raise LookupError(f"Task {self.task_id} depends on {len(parents)} tasks, not one; "
+                              f"read them with parents().")
+        return parents[0].result
+
     # -- snooze ----------------------------------------------------------------------------
 
     def snooze(self, seconds: float | timedelta) -> NoReturn:

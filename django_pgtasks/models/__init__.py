@@ -1,4 +1,5 @@
-"""The tables of the queue: tasks and their archive, workers, schedules, queue controls.
+"""The tables of the queue: tasks and their archive, workers, schedules, queue controls,
+dependencies between tasks.
 
 Every state change of a task is a guarded statement of :mod:`django_pgtasks.lifecycle`,
 called through the task manager (:mod:`.manager`); the named queries live in :mod:`.queries`.
@@ -6,6 +7,7 @@ Time that decides when a task may run always comes from the database clock (``no
 """
 
 from django_pgtasks.models.controls import MAX_RATE_LIMIT, KeyRateLimit, QueueControl
+from django_pgtasks.models.dependencies import Dependency, OnParentFailure, WorkflowMember
 from django_pgtasks.models.fields import TimestampArrayField
 from django_pgtasks.models.manager import TaskManager
 from django_pgtasks.models.queries import CancelResult, TaskQuerySet
@@ -16,6 +18,7 @@ from django_pgtasks.models.workers import WorkerProcess
 
 __all__ = [
     "CLAIM_ORDER", "FINISHED", "LIVE", "MAX_RATE_LIMIT", "PENDING", "ArchivedTask",
-    "CancelResult", "Dashboard", "KeyRateLimit", "QueueControl", "Schedule", "Status", "Task",
-    "TaskFields", "TaskManager", "TaskQuerySet", "TimestampArrayField", "WorkerProcess",
+    "CancelResult", "Dashboard", "Dependency", "KeyRateLimit", "OnParentFailure",
+    "QueueControl", "Schedule", "Status", "Task", "TaskFields", "TaskManager", "TaskQuerySet",
+    "TimestampArrayField", "WorkerProcess", "WorkflowMember",
 ]

@@ -32,26 +32,36 @@ ENQUEUE_ONE_SQL = """
     RETURNING id, run_after, created_at
 """
 
-# Many tasks: one per element of the column arrays (so the statement's size and parse time
-# do not grow with a parameter per value); run_after as for one task. The arrays are sent in
-# binary (%b): psycopg builds a text array literal in Python, escaping every element, at a
-# third of the client's time per task.
-ENQUEUE_MANY_SQL = """
+def _insert_many_sql(linked: bool = False) -> str:
+    """Many tasks: one per element of the column arrays (so the statement's size and parse
+    time do not grow with a parameter per value); run_after as for one task. The arrays are
+    sent in binary (%b): psycopg builds a text array literal in Python, escaping every
+    element, at a third of the client's time per task. ``linked``: the tasks of a workflow,
+    with two more arrays, each task's state (``WAITING`` for those with parents) and whether
+    others depend on it (models/dependencies.py)."""
+    status, has_dependents = ("v.status", "v.has_dependents") if linked else ("'READY'", "false")
+    more_arrays, more_columns = (", %b::text[], %b::bool[]", ", status, has_dependents") \
+        if linked else ("", "")
+    return f"""
     INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, max_attempts, run_after,
                               metadata, key, stage, concurrency_key, concurrency_limit, status,
-                              attempt, error_text)
+                              attempt, error_text, has_dependents)
     SELECT v.name, v.queue, v.args::jsonb, v.kwargs::jsonb, v.priority, v.max_attempts,
            COALESCE(v.run_after, statement_timestamp() + make_interval(secs => v.delay),
                     statement_timestamp()),
-           v.metadata::jsonb, v.key, v.stage, v.concurrency_key, v.concurrency_limit, 'READY',
-           0, ''
+           v.metadata::jsonb, v.key, v.stage, v.concurrency_key, v.concurrency_limit, {status},
+           0, '', {has_dependents}
     FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::smallint[], %b::int[],
                 %b::timestamptz[], %b::float8[], %b::text[], %b::text[], %b::text[], %b::text[],
-                %b::smallint[])
+                %b::smallint[]{more_arrays})
          AS v(name, queue, args, kwargs, priority, max_attempts, run_after, delay, metadata,
-              key, stage, concurrency_key, concurrency_limit)
+              key, stage, concurrency_key, concurrency_limit{more_columns})
     RETURNING id, run_after, created_at
 """
+
+
+ENQUEUE_MANY_SQL = _insert_many_sql()
+ENQUEUE_LINKED_SQL = _insert_many_sql(linked=True)
 
 # Enqueue with a deduplication key: insert, or fold the request into the live task that has
 # the key (the partial unique index pgtasks_task_live_key_uniq is the arbiter). A waiting task
@@ -149,9 +159,10 @@ def insert_one(task: TaskRow, db: str) -> None:
         _saved(task, db, *cursor.fetchone())
 
 
-def insert_many(tasks: list[TaskRow], db: str) -> None:
+def insert_many(tasks: list[TaskRow], db: str, *, linked: bool = False) -> None:
     """Insert unsaved tasks in one statement (:data:`ENQUEUE_MANY_SQL`); each gets its id and
-    database times."""
+    database times. ``linked``: the tasks of a workflow (:data:`ENQUEUE_LINKED_SQL`), each
+    with its ``status`` and ``has_dependents`` as set on it."""
     payloads = [task_payload_json(t) for t in tasks]
     columns = [
         [t.name for t in tasks],
@@ -168,8 +179,10 @@ def insert_many(tasks: list[TaskRow], db: str) -> None:
         [t.concurrency_key for t in tasks],
         [t.concurrency_limit for t in tasks],
     ]
+    if linked:
+        columns += [[t.status for t in tasks], [t.has_dependents for t in tasks]]
     with fast_cursor(db) as cursor:
-        cursor.execute(ENQUEUE_MANY_SQL, columns)
+        cursor.execute(ENQUEUE_LINKED_SQL if linked else ENQUEUE_MANY_SQL, columns)
         rows = cursor.fetchall()
     for task, row in zip(tasks, rows, strict=True):
         _saved(task, db, *row)

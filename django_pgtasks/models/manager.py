@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.db.models import Value
 from django.db.models.functions import Now
 from django.db.models.signals import post_save, pre_save
@@ -32,9 +33,10 @@ from django_pgtasks.base.validation import (
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import InvalidTaskError, UnknownTaskError
 from django_pgtasks.lifecycle import claim as claiming
-from django_pgtasks.lifecycle import transitions
+from django_pgtasks.lifecycle import dependencies, transitions
 from django_pgtasks.lifecycle.rows import load_rows
 from django_pgtasks.models import inserts
+from django_pgtasks.models.dependencies import OnParentFailure
 from django_pgtasks.models.queries import TaskQuerySet
 from django_pgtasks.models.status import Status
 from django_pgtasks.signals import task_enqueued
@@ -122,6 +124,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         stage: str | None = None,
         concurrency_key: str | None = None,
         concurrency_limit: int | None = None,
+        depends_on: Iterable[TaskRow | int] | None = None,
+        on_parent_failure: str | None = None,
         **kwargs: Any,
     ) -> TaskRow:
         """Insert one task and return it.
@@ -147,12 +151,24 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         run at once, across all workers; the claim enforces it (see
         ``docs/howto/concurrency-limits.md``). ``@pgtask(concurrency_key=...,
         concurrency_limit=...)`` sets defaults.
+
+        With ``depends_on`` (tasks or their ids) the task waits (``WAITING``) until every one
+        of them has ended, and is released in the transaction that ends the last; if one
+        did not succeed, ``on_parent_failure`` decides: ``"skip"`` (the default: it ends
+        ``CANCELLED``), ``"fail"`` (it ends ``FAILED``) or ``"run"``. ``task.workflow_id``
+        is then its workflow's id. See :meth:`enqueue_linked` and
+        ``docs/howto/workflows.md``.
         """
         task = self.build(
             name_or_handler, *args, queue=queue, priority=priority, run_after=run_after,
             delay=delay, max_attempts=max_attempts, key=key, stage=stage,
             concurrency_key=concurrency_key, concurrency_limit=concurrency_limit, **kwargs,
         )
+        if depends_on is not None or on_parent_failure is not None:
+            self.enqueue_linked([task], [list(depends_on or ())],
+                                on_parent_failure=on_parent_failure or OnParentFailure.SKIP,
+                                using=using)
+            return task
         db = self._db_alias(using, task.queue)
         # Inside a trace (and with tracing on), a span; the task stores its context, so that
         # the run continues the trace (django_pgtasks.base.tracing).
@@ -227,6 +243,109 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             for task in tasks:
                 task_enqueued.send(sender=self.model, task=task)
         return tasks
+
+    def enqueue_linked(
+        self,
+        tasks: Sequence[TaskRow],
+        parents: Sequence[Sequence[TaskRow | int]],
+        *,
+        on_parent_failure: str | Sequence[str] = OnParentFailure.SKIP,
+        workflow_id: uuid.UUID | None = None,
+        using: str | None = None,
+    ) -> uuid.UUID:
+        """Insert the tasks of a workflow, each waiting for its ``parents``, all or nothing;
+        return the workflow's id.
+
+        ``tasks`` are unsaved (from :meth:`build`); ``parents[i]`` are the tasks
+        ``tasks[i]`` waits for: tasks of this call, saved tasks or their ids (which must
+        exist, on the same database). A task with parents is inserted ``WAITING`` (not
+        claimable) and released in the transaction that ends its last parent, whatever ends
+        it; a parent that ended before counts as ended, even one that ends while this
+        transaction runs (``django_pgtasks.models.dependencies``). ``on_parent_failure``
+        (one for all, or one per task): ``"skip"``, ``"fail"`` or ``"run"`` when a parent did
+        not succeed. Without ``workflow_id`` the tasks join the workflow of the first parent
+        of the first task, if it belongs to one, else a new one. Everything is checked before
+        anything is written; the tasks come back saved, with their ids. Tasks with a
+        deduplication key cannot take part (a key may fold a task into another one).
+        """
+        tasks = list(tasks)
+        if len(parents) != len(tasks):
+            raise TypeError("enqueue_linked() takes one list of parents per task.")
+        policies = ([on_parent_failure] * len(tasks) if isinstance(on_parent_failure, str)
+                    else list(on_parent_failure))
+        if len(policies) != len(tasks):
+            raise TypeError("enqueue_linked() takes one on_parent_failure, or one per task.")
+        for policy in policies:
+            if policy not in OnParentFailure.values:
+                raise InvalidTaskError(
+                    f"on_parent_failure must be one of {', '.join(OnParentFailure.values)}, "
+                    f"not {policy!r}.")
+        if not tasks:
+            raise InvalidTaskError("A workflow needs at least one task.")
+        if workflow_id is not None and not isinstance(workflow_id, uuid.UUID):
+            raise InvalidTaskError(f"workflow_id must be a UUID, not {workflow_id!r}.")
+        position = {id(task): i for i, task in enumerate(tasks)}
+        if len(position) != len(tasks):
+            raise InvalidTaskError("A task appears twice in one workflow.")
+        for task in tasks:
+            if task.pk is not None or not isinstance(task, self.model):
+                raise TypeError("enqueue_linked() takes unsaved tasks from Task.objects.build().")
+            if task.key is not None:
+                raise InvalidTaskError(
+                    f"Task {task.name} has a deduplication key; tasks of a workflow cannot "
+                    f"have one.")
+            task_payload_json(task)
+        databases = {self._db_alias(using, task.queue) for task in tasks}
+        if len(databases) > 1:
+            raise InvalidTaskError(
+                f"The tasks of a workflow must share one database, not "
+                f"{', '.join(sorted(databases))} (their queues' databases).")
+        db = databases.pop()
+        # Each task's parents: ("local", index) or ("id", pk), without repeats.
+        links: list[list[tuple[str, int]]] = []
+        for task, items in zip(tasks, parents, strict=True):
+            seen: dict[tuple[str, int], None] = {}
+            for item in items:
+                seen[_parent_ref(item, position, self.model, db, task.name)] = None
+            links.append(list(seen))
+        _refuse_cycles(tasks, links)
+        external = sorted({pk for refs in links for kind, pk in refs if kind == "id"})
+        absent = dependencies.missing(db, external)
+        if absent:
+            raise InvalidTaskError(
+                f"depends_on names tasks that do not exist: "
+                f"{', '.join(map(str, absent))}.")
+        for task, refs in zip(tasks, links, strict=True):
+            task.status = Status.WAITING if refs else Status.READY
+            for kind, index in refs:
+                if kind == "local":
+                    tasks[index].has_dependents = True
+        with tracing.enqueueing((t.name for t in tasks), (t.queue for t in tasks),
+                                len(tasks)) as span, transaction.atomic(using=db):
+            span.inject(tasks)
+            inserts.insert_many(tasks, db, linked=True)
+            workflows = dependencies.link(db, [
+                dependencies.Link(
+                    task.pk, [tasks[ref].pk if kind == "local" else ref for kind, ref in refs],
+                    policy, workflow_id)
+                for task, refs, policy in zip(tasks, links, policies, strict=True)])
+            span.sent(tasks)
+        for task in tasks:
+            task.deduplicated = False
+            task.workflow_id = workflows[task.pk]
+        if task_enqueued.has_listeners(self.model):
+            for task in tasks:
+                task_enqueued.send(sender=self.model, task=task)
+        return workflows[tasks[0].pk]
+
+    def parent_outcomes(
+        self, task: TaskRow | int, using: str | None = None
+    ) -> list[dependencies.ParentOutcome]:
+        """How each task that ``task`` (a task or its id) depends on ended, in the order
+        they were given: id, name, status, result and error text."""
+        if isinstance(task, self.model):
+            return dependencies.parent_outcomes(self._task_db(task, using), task.pk)
+        return dependencies.parent_outcomes(self._db_alias(using), task)
 
     def enqueue_bulk(
         self,
@@ -444,6 +563,47 @@ def _handler(name_or_handler: str | TaskHandler) -> TaskHandler:
         f"django_pgtasks import pgtask) and enqueue the decorated function, or pass the "
         f"name of a registered task."
     )
+
+
+def _parent_ref(item: Any, position: dict[int, int], model: type, db: str,
+                name: str) -> tuple[str, int]:
+    """What a parent given to :meth:`TaskManager.enqueue_linked` is: a task of the same
+    call (``("local", index)``) or the id of a saved task (``("id", pk)``)."""
+    if id(item) in position:
+        return "local", position[id(item)]
+    if isinstance(item, model):
+        if item.pk is None:
+            raise InvalidTaskError(
+                f"Task {name} depends on an unsaved task ({item.name}) that is not part of "
+                f"the same workflow; enqueue it first or enqueue both together.")
+        if item._state.db and item._state.db != db:
+            raise InvalidTaskError(
+                f"Task {name} depends on task {item.pk} of database {item._state.db!r}; the "
+                f"tasks it depends on must be on its own database ({db!r}).")
+        return "id", item.pk
+    if isinstance(item, int) and not isinstance(item, bool) and 0 < item < 2**63:
+        return "id", item
+    raise InvalidTaskError(
+        f"depends_on takes tasks or their ids, not {type(item).__name__} {item!r:.50}.")
+
+
+def _refuse_cycles(tasks: Sequence[TaskRow], links: Sequence[Sequence[tuple[str, int]]]) -> None:
+    """Raise if the tasks of one call wait for each other in a circle (none would ever run).
+    Tasks saved before cannot be part of a circle: they never wait for new ones."""
+    waiting_for = [{index for kind, index in refs if kind == "local"} for refs in links]
+    done: set[int] = set()
+    progress = True
+    while progress:
+        progress = False
+        for i, needs in enumerate(waiting_for):
+            if i not in done and needs <= done:
+                done.add(i)
+                progress = True
+    if len(done) < len(tasks):
+        stuck = sorted({tasks[i].name for i in range(len(tasks)) if i not in done})
+        raise InvalidTaskError(
+            f"The tasks of this workflow wait for each other in a circle ({', '.join(stuck)}); "
+            f"none of them could ever run.")
 
 
 def _first(*values: Any) -> Any:

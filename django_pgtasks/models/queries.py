@@ -10,7 +10,14 @@ from django.db.models.functions import Greatest, Now
 
 from django_pgtasks.base.validation import validate_options
 from django_pgtasks.lifecycle import transitions
-from django_pgtasks.models.status import CLAIM_ORDER, FINISHED, LIVE, PENDING, Status
+from django_pgtasks.models.status import (
+    CLAIM_ORDER,
+    FINISHED,
+    LIVE,
+    PENDING,
+    UNSTARTED,
+    Status,
+)
 
 
 class CancelResult(int):
@@ -40,6 +47,10 @@ class TaskQuerySet(models.QuerySet):
     def due(self) -> TaskQuerySet:
         """Pending tasks whose ``run_after`` has passed on the database clock."""
         return self.pending().filter(run_after__lte=Now())
+
+    def waiting(self) -> TaskQuerySet:
+        """Tasks waiting for the tasks they depend on to end (not claimable yet)."""
+        return self.filter(status=Status.WAITING)
 
     def ready(self) -> TaskQuerySet:
         return self.filter(status=Status.READY)
@@ -106,7 +117,9 @@ class TaskQuerySet(models.QuerySet):
     def cancel(self, *, running: bool = True) -> CancelResult:
         """Cancel tasks; return how many were cancelled, asked to stop, and skipped.
 
-        Waiting tasks (ready or awaiting retry) end ``CANCELLED`` at once and never start.
+        Waiting tasks (ready, awaiting retry, or waiting for the tasks they depend on) end
+        ``CANCELLED`` at once and never start; their own dependents see a parent that did
+        not succeed.
         Running tasks (unless ``running=False``) are asked to stop: ``cancel_requested`` is
         set, which tells their worker at once (``NOTIFY``) or at its next heartbeat; the
         handler sees it through ``TaskContext.should_stop()`` (an async handler is cancelled)
@@ -117,7 +130,7 @@ class TaskQuerySet(models.QuerySet):
         """
         with transaction.atomic(using=self.db):
             selected = self.count()
-            cancelled = self.pending().update(
+            cancelled = self.filter(status__in=UNSTARTED).update(
                 status=Status.CANCELLED, finished_at=Now(), updated_at=Now()
             )
             stopping = self.running().update(cancel_requested=True) if running else 0
@@ -126,4 +139,4 @@ class TaskQuerySet(models.QuerySet):
     def set_priority(self, priority: int) -> int:
         """Change the priority of waiting tasks (effective on the next claim); return how many."""
         validate_options(priority=priority)
-        return self.pending().update(priority=priority, updated_at=Now())
+        return self.filter(status__in=UNSTARTED).update(priority=priority, updated_at=Now())

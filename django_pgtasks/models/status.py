@@ -9,6 +9,9 @@ from django.utils.translation import gettext_lazy as _
 class Status(models.TextChoices):
     """Task states. The values are public API and stored as-is."""
 
+    #: Waiting for the tasks it depends on to end (a workflow member); not claimable until
+    #: the end of the last one releases it (django_pgtasks.models.dependencies).
+    WAITING = "WAITING", _("Waiting for parents")
     #: Waiting to run (possibly not before ``run_after``).
     READY = "READY", _("Ready")
     #: Claimed by a worker and running now.
@@ -25,6 +28,8 @@ class Status(models.TextChoices):
 
 #: States a worker may claim from (when ``run_after`` has passed).
 PENDING = (Status.READY, Status.AWAITING_RETRY)
+#: Not finished and not running: what an operator's cancel ends at once.
+UNSTARTED = (Status.WAITING, Status.READY, Status.AWAITING_RETRY)
 #: Waiting or running: a key can have at most one task in these states.
 LIVE = (Status.READY, Status.AWAITING_RETRY, Status.RUNNING)
 #: End states: the task never runs again unless an operator requeues it.

@@ -85,6 +85,10 @@ class TaskFields(models.Model):
         _("awaited"), default=False, db_default=False,
         help_text=_("Someone waits for this task to finish: its end is announced by NOTIFY."),
     )
+    has_dependents = models.BooleanField(
+        _("has dependents"), default=False, db_default=False,
+        help_text=_("Other tasks wait for this one to end (django_pgtasks.models.dependencies)."),
+    )
     created_at = models.DateTimeField(_("created"), db_default=Now())
     updated_at = models.DateTimeField(_("updated"), db_default=Now())
 

@@ -106,8 +106,8 @@ def test_counts_per_name_and_status_now_and_in_the_window(admin_client: Client) 
     assert list(rows) == ["mail.send", "report.build"]
     counts = dict(zip(Status.values, (c["count"] for c in rows["mail.send"]["cells"]),
                       strict=True))
-    assert counts == {"READY": 2, "RUNNING": 1, "AWAITING_RETRY": 0, "SUCCESSFUL": 5,
-                      "FAILED": 0, "CANCELLED": 0}
+    assert counts == {"WAITING": 0, "READY": 2, "RUNNING": 1, "AWAITING_RETRY": 0,
+                      "SUCCESSFUL": 5, "FAILED": 0, "CANCELLED": 0}
     assert rows["mail.send"]["total"] == 8
     # Each cell lists exactly the tasks it counted (the window is part of the link).
     cells = dict(zip(Status.values, rows["mail.send"]["cells"], strict=True))

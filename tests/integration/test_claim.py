@@ -123,8 +123,8 @@ def test_retry_waiting_tasks_are_claimed_when_due() -> None:
     assert claimed.attempt == 2
 
 
-@pytest.mark.parametrize("status", [Status.RUNNING, Status.SUCCESSFUL, Status.FAILED,
-                                    Status.CANCELLED])
+@pytest.mark.parametrize("status", [Status.WAITING, Status.RUNNING, Status.SUCCESSFUL,
+                                    Status.FAILED, Status.CANCELLED])
 def test_tasks_in_other_states_are_never_claimed(status: str) -> None:
     Task.objects.filter(pk=Task.objects.enqueue(tasks.noop).pk).update(status=status)
     assert Task.objects.claim("w", limit=10) == []

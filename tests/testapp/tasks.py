@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django_pgtasks import FatalError, pgtask
@@ -204,3 +205,43 @@ def in_a_transaction() -> bool:
     from django.db import connection
 
     return connection.in_atomic_block
+
+
+# -- workflows (tests/integration/test_workflows.py, tests/process/test_workflows.py) -----
+
+
+@pgtask(context=True, max_attempts=1)
+def wf_step(ctx: TaskContext, label: str, fail: bool = False) -> str:
+    """Records its run (``worker`` = its label) and returns its label; fails if asked."""
+    Execution.objects.create(task_id=ctx.task_id, worker=label, attempt=ctx.attempt)
+    if fail:
+        raise ValueError(f"step {label} fails")
+    return label
+
+
+@pgtask(context=True)
+def wf_add(ctx: TaskContext, n: int) -> int:
+    """``n`` plus the previous step's result (a chain), if it has one."""
+    return n + (ctx.parent_result() if ctx.parents() else 0)
+
+
+@pgtask(context=True)
+def wf_collect(ctx: TaskContext) -> list[Any]:
+    """A group's callback: records its run and returns each member's status and result."""
+    Execution.objects.create(task_id=ctx.task_id, worker="callback", attempt=ctx.attempt)
+    return [[outcome.status, outcome.result] for outcome in ctx.parents()]
+
+
+@pgtask(context=True)
+def wf_slow_step(ctx: TaskContext, label: str) -> str:
+    """Records its run (``worker`` = its label, then the worker's id) after 50 ms."""
+    time.sleep(0.05)
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+    return label
+
+
+@pgtask(context=True, atomic=True)
+def wf_collect_once(ctx: TaskContext) -> list[Any]:
+    """A group's callback whose log row commits with its outcome: exactly once."""
+    Execution.objects.create(task_id=ctx.task_id, worker="callback", attempt=ctx.attempt)
+    return [outcome.status for outcome in ctx.parents()]

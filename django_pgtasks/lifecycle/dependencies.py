@@ -1,0 +1,139 @@
+"""The statements that link a task to the tasks it waits for, and read how they ended.
+
+Linking is all the enqueuing side does: every parent is counted as not ended, and the
+deferred check at the enqueuing transaction's commit (``pgtasks_member_committing()``,
+migration 0013) counts off, under a lock, those that had already ended. The release is the
+database's, in the transaction that ends a task's last parent; see
+:mod:`django_pgtasks.models.dependencies` for the whole mechanism and why it is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+
+from django_pgtasks.lifecycle.rows import fast_cursor
+
+#: The constraint trigger that settles, at commit, the parents that ended before it.
+COMMIT_CHECK = "pgtasks_member_committing"
+
+# The edges (in depends_on order: their ids keep it), then one member row per task of the
+# workflow with its count of parents. A task without a workflow id joins the workflow of its
+# first parent, if that one belongs to one, else a new one.
+LINK_SQL = """
+    WITH edges AS (
+        INSERT INTO pgtasks_dependency (child_id, parent_id, resolved)
+        SELECT e.child, e.parent, false
+        FROM unnest(%b::bigint[], %b::bigint[]) WITH ORDINALITY AS e(child, parent, n)
+        ORDER BY e.n
+    )
+    INSERT INTO pgtasks_workflow_member (task_id, workflow_id, remaining, on_parent_failure,
+                                         created_at)
+    SELECT m.task,
+           coalesce(m.workflow, (SELECT w.workflow_id FROM pgtasks_workflow_member w
+                                 WHERE w.task_id = m.first_parent), gen_random_uuid()),
+           m.remaining, m.policy, now()
+    FROM unnest(%b::bigint[], %b::uuid[], %b::bigint[], %b::int[], %b::text[])
+         AS m(task, workflow, first_parent, remaining, policy)
+    RETURNING task_id, workflow_id
+"""
+
+# Which of the given ids are tasks (the parents named by id must exist when linked).
+EXISTING_SQL = "SELECT id FROM pgtasks_task WHERE id = ANY (%s)"
+
+# How each parent of a task ended, in depends_on order. A parent purged since is read from
+# the archive if it is there, else its edge still tells how it ended.
+PARENTS_SQL = """
+    SELECT d.parent_id, coalesce(t.name, a.name, ''),
+           coalesce(t.status, a.status, d.parent_status, 'DELETED'),
+           (CASE WHEN t.id IS NOT NULL THEN t.result ELSE a.result END)::text,
+           coalesce(t.error_text, a.error_text, '')
+    FROM pgtasks_dependency d
+    LEFT JOIN pgtasks_task t ON t.id = d.parent_id
+    LEFT JOIN pgtasks_task_archive a ON t.id IS NULL AND a.id = d.parent_id
+    WHERE d.child_id = %s
+    ORDER BY d.id
+"""
+
+
+@dataclass(frozen=True)
+class Link:
+    """One task of a workflow, saved, and the ids of the tasks it waits for."""
+
+    task_id: int
+    parent_ids: Sequence[int]
+    on_parent_failure: str
+    #: ``None``: the workflow of its first parent, else a new one.
+    workflow_id: uuid.UUID | None
+
+
+def link(using: str, links: Sequence[Link]) -> dict[int, uuid.UUID]:
+    """Insert the edges and member rows of ``links`` (one statement); return each task's
+    workflow id. Run it in the transaction that inserted the tasks."""
+    children: list[int] = []
+    parents: list[int] = []
+    for item in links:
+        for parent in item.parent_ids:
+            children.append(item.task_id)
+            parents.append(parent)
+    columns = [
+        children, parents,
+        [item.task_id for item in links],
+        [item.workflow_id for item in links],
+        [item.parent_ids[0] if item.parent_ids else None for item in links],
+        [len(item.parent_ids) for item in links],
+        [item.on_parent_failure for item in links],
+    ]
+    with fast_cursor(using) as cursor:
+        cursor.execute(LINK_SQL, columns)
+        return dict(cursor.fetchall())
+
+
+def missing(using: str, ids: Sequence[int]) -> list[int]:
+    """The ids among ``ids`` that are no task of ``using``."""
+    if not ids:
+        return []
+    with connections[using].cursor() as cursor:
+        cursor.execute(EXISTING_SQL, [list(ids)])
+        found = {row[0] for row in cursor.fetchall()}
+    return sorted(set(ids) - found)
+
+
+def settle_ended_parents(using: str) -> None:
+    """Inside a transaction that will not commit (a test's): run now the commit-time check of
+    the tasks linked so far, as the commit would."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SET CONSTRAINTS {COMMIT_CHECK} IMMEDIATE")
+        cursor.execute(f"SET CONSTRAINTS {COMMIT_CHECK} DEFERRED")
+
+
+@dataclass(frozen=True)
+class ParentOutcome:
+    """How a task this one depends on ended."""
+
+    id: int
+    name: str
+    #: ``SUCCESSFUL``, ``FAILED`` or ``CANCELLED`` (``DELETED`` if it was deleted before it
+    #: ended or purged without an archive).
+    status: str
+    #: Its handler's return value (``None`` unless it succeeded).
+    result: Any
+    error_text: str
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "SUCCESSFUL"
+
+
+def parent_outcomes(using: str, task_id: int) -> list[ParentOutcome]:
+    """How each parent of task ``task_id`` ended, in the order they were given."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(PARENTS_SQL, [task_id])
+        return [ParentOutcome(pk, name, status, None if result is None else json.loads(result),
+                              error_text)
+                for pk, name, status, result, error_text in cursor.fetchall()]

@@ -1,0 +1,408 @@
+"""Workflows: tasks that wait for other tasks to end (django_pgtasks.models.dependencies).
+
+- ``pgtasks_task`` gets the state ``WAITING`` (outside the claim index's range) and the flag
+  ``has_dependents``; the check of the states is replaced without a long lock (added
+  ``NOT VALID``, then validated, which does not block writes).
+- ``pgtasks_dependency`` (one edge per parent) and ``pgtasks_workflow_member`` (a task's
+  workflow and its count of parents not ended). Their rows go with their task: a foreign key
+  ``ON DELETE CASCADE`` on the child (the purge deletes with SQL, not the ORM).
+- The functions and triggers that release a task in the transaction that ends its last
+  parent, and the deferred check at the enqueuing transaction's commit. Their text is frozen
+  here, as it was when this migration was written.
+"""
+
+import django.db.models.deletion
+from django.db import migrations, models
+
+STATUS_CHECK = """
+ALTER TABLE pgtasks_task DROP CONSTRAINT pgtasks_task_status_valid;
+ALTER TABLE pgtasks_task ADD CONSTRAINT pgtasks_task_status_valid CHECK (status IN (
+    'WAITING', 'READY', 'RUNNING', 'AWAITING_RETRY', 'SUCCESSFUL', 'FAILED', 'CANCELLED'))
+    NOT VALID;
+ALTER TABLE pgtasks_task VALIDATE CONSTRAINT pgtasks_task_status_valid;
+"""
+
+STATUS_CHECK_REVERSE = """
+ALTER TABLE pgtasks_task DROP CONSTRAINT pgtasks_task_status_valid;
+ALTER TABLE pgtasks_task ADD CONSTRAINT pgtasks_task_status_valid CHECK (status IN (
+    'READY', 'RUNNING', 'AWAITING_RETRY', 'SUCCESSFUL', 'FAILED', 'CANCELLED'));
+"""
+
+CASCADES = """
+ALTER TABLE pgtasks_dependency ADD CONSTRAINT pgtasks_dependency_child_fk
+    FOREIGN KEY (child_id) REFERENCES pgtasks_task (id) ON DELETE CASCADE;
+ALTER TABLE pgtasks_workflow_member ADD CONSTRAINT pgtasks_workflow_member_task_fk
+    FOREIGN KEY (task_id) REFERENCES pgtasks_task (id) ON DELETE CASCADE;
+"""
+
+CASCADES_REVERSE = """
+ALTER TABLE pgtasks_workflow_member DROP CONSTRAINT pgtasks_workflow_member_task_fk;
+ALTER TABLE pgtasks_dependency DROP CONSTRAINT pgtasks_dependency_child_fk;
+"""
+
+RELEASE = r"""
+-- Settle the waiting tasks among p_children that have no parent left to wait for: READY if
+-- every parent succeeded or its policy is 'run', else CANCELLED ('skip') or FAILED ('fail'),
+-- naming the first parent (by edge order) that did not succeed. Ending a task here is an end
+-- its own dependents see, through the trigger below.
+CREATE FUNCTION pgtasks_settle(p_children bigint[]) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    WITH verdict AS (
+        SELECT m.task_id, m.on_parent_failure AS policy,
+               (SELECT 'task ' || d.parent_id || ' ended ' || coalesce(d.parent_status, 'DELETED')
+                FROM pgtasks_dependency d
+                WHERE d.child_id = m.task_id
+                  AND d.parent_status IS DISTINCT FROM 'SUCCESSFUL'
+                ORDER BY d.id LIMIT 1) AS failed_parent
+        FROM pgtasks_workflow_member m
+        WHERE m.task_id = ANY (p_children) AND m.remaining <= 0
+    ), decided AS (
+        SELECT task_id, failed_parent,
+               CASE WHEN failed_parent IS NULL OR policy = 'run' THEN 'READY'
+                    WHEN policy = 'fail' THEN 'FAILED' ELSE 'CANCELLED' END AS status
+        FROM verdict
+    )
+    UPDATE pgtasks_task t SET
+        status = v.status,
+        finished_at = CASE WHEN v.status = 'READY' THEN NULL ELSE now() END,
+        error_text = CASE WHEN v.status = 'READY' THEN t.error_text
+                          ELSE 'django_pgtasks.exceptions.ParentFailed: a task it depends on did '
+                               || 'not succeed (' || v.failed_parent || ').' END,
+        updated_at = now()
+    FROM decided v
+    WHERE t.id = v.task_id AND t.status = 'WAITING';
+END
+$$;
+
+-- Parents p_parents ended (p_statuses: how): their unresolved edges record it and are counted
+-- off their children (the member rows serialize the ends of one child's parents, so exactly
+-- one of them brings the count to zero), and the children with none left are settled.
+CREATE FUNCTION pgtasks_resolve(p_parents bigint[], p_statuses text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_children bigint[];
+BEGIN
+    WITH ended AS (
+        SELECT * FROM unnest(p_parents, p_statuses) AS e(id, status)
+    ), resolved AS (
+        UPDATE pgtasks_dependency d SET resolved = true, parent_status = e.status
+        FROM ended e
+        WHERE d.parent_id = e.id AND NOT d.resolved
+        RETURNING d.child_id
+    ), counted AS (
+        SELECT child_id, count(*) AS n FROM resolved GROUP BY child_id
+    ), lowered AS (
+        UPDATE pgtasks_workflow_member m SET remaining = m.remaining - c.n
+        FROM counted c
+        WHERE m.task_id = c.child_id
+        RETURNING m.task_id, m.remaining
+    )
+    SELECT array_agg(task_id ORDER BY task_id) INTO v_children
+    FROM lowered WHERE remaining <= 0;
+    IF v_children IS NOT NULL THEN
+        PERFORM pgtasks_settle(v_children);
+    END IF;
+END
+$$;
+
+-- Parents p_parents ended before and wait or run again (an operator's retry): their edges are
+-- unresolved and counted back onto their children, and children that were released or ended
+-- wait again with their attempts afresh (an ended child re-opens its own children in turn).
+-- A child running at that moment is left to finish.
+CREATE FUNCTION pgtasks_reopen(p_parents bigint[]) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_children bigint[];
+BEGIN
+    WITH reopened AS (
+        UPDATE pgtasks_dependency d SET resolved = false, parent_status = NULL
+        WHERE d.parent_id = ANY (p_parents) AND d.resolved
+        RETURNING d.child_id
+    ), counted AS (
+        SELECT child_id, count(*) AS n FROM reopened GROUP BY child_id
+    ), raised AS (
+        UPDATE pgtasks_workflow_member m SET remaining = m.remaining + c.n
+        FROM counted c
+        WHERE m.task_id = c.child_id
+        RETURNING m.task_id
+    )
+    SELECT array_agg(task_id ORDER BY task_id) INTO v_children FROM raised;
+    IF v_children IS NOT NULL THEN
+        UPDATE pgtasks_task SET
+            status = 'WAITING', attempt = 0, interruptions = 0, started_at = NULL,
+            finished_at = NULL, error_text = '', result = NULL, cancel_requested = false,
+            updated_at = now()
+        WHERE id = ANY (v_children)
+          AND status IN ('READY', 'AWAITING_RETRY', 'SUCCESSFUL', 'FAILED', 'CANCELLED');
+    END IF;
+END
+$$;
+
+-- A task that has dependents crossed between not ended and ended (or was deleted before it
+-- ended): resolve or re-open its edges, in the transaction that changed it.
+CREATE FUNCTION pgtasks_parent_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pgtasks_resolve(ARRAY[OLD.id], ARRAY['DELETED']);
+    ELSIF NEW.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') THEN
+        PERFORM pgtasks_resolve(ARRAY[NEW.id], ARRAY[NEW.status::text]);
+    ELSE
+        PERFORM pgtasks_reopen(ARRAY[NEW.id]);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- At the commit of a transaction that enqueued a task with parents: lock the parents it still
+-- counts, in id order, and flag them has_dependents, so that a worker ending one of them now
+-- waits for this commit and then sees this task's edges (its trigger reads them with a fresh
+-- snapshot); count off those that ended before the lock (or are gone).
+CREATE FUNCTION pgtasks_member_committing() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v_parents bigint[];
+BEGIN
+    v_parents := ARRAY(
+        SELECT t.id FROM pgtasks_task t
+        WHERE t.id IN (SELECT d.parent_id FROM pgtasks_dependency d
+                       WHERE d.child_id = NEW.task_id AND NOT d.resolved)
+        ORDER BY t.id
+        FOR NO KEY UPDATE OF t);
+    UPDATE pgtasks_task SET has_dependents = true
+    WHERE id = ANY (v_parents) AND NOT has_dependents;
+    PERFORM pgtasks_resolve(array_agg(t.id), array_agg(t.status::text))
+    FROM pgtasks_task t
+    WHERE t.id = ANY (v_parents) AND t.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+    HAVING count(*) > 0;
+    PERFORM pgtasks_resolve(array_agg(d.parent_id), array_agg('DELETED'::text))
+    FROM pgtasks_dependency d
+    WHERE d.child_id = NEW.task_id AND NOT d.resolved AND NOT (d.parent_id = ANY (v_parents))
+    HAVING count(*) > 0;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER pgtasks_task_parent_changed
+    AFTER UPDATE ON pgtasks_task
+    FOR EACH ROW
+    WHEN (NEW.has_dependents
+          AND (OLD.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))
+              <> (NEW.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')))
+    EXECUTE FUNCTION pgtasks_parent_changed();
+
+CREATE TRIGGER pgtasks_task_parent_deleted
+    AFTER DELETE ON pgtasks_task
+    FOR EACH ROW
+    WHEN (OLD.has_dependents AND OLD.status NOT IN ('SUCCESSFUL', 'FAILED', 'CANCELLED'))
+    EXECUTE FUNCTION pgtasks_parent_changed();
+
+CREATE CONSTRAINT TRIGGER pgtasks_member_committing
+    AFTER INSERT ON pgtasks_workflow_member
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (NEW.remaining > 0)
+    EXECUTE FUNCTION pgtasks_member_committing();
+"""
+
+RELEASE_REVERSE = """
+DROP TRIGGER IF EXISTS pgtasks_member_committing ON pgtasks_workflow_member;
+DROP TRIGGER IF EXISTS pgtasks_task_parent_deleted ON pgtasks_task;
+DROP TRIGGER IF EXISTS pgtasks_task_parent_changed ON pgtasks_task;
+DROP FUNCTION IF EXISTS pgtasks_member_committing();
+DROP FUNCTION IF EXISTS pgtasks_parent_changed();
+DROP FUNCTION IF EXISTS pgtasks_reopen(bigint[]);
+DROP FUNCTION IF EXISTS pgtasks_resolve(bigint[], text[]);
+DROP FUNCTION IF EXISTS pgtasks_settle(bigint[]);
+"""
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("django_pgtasks", "0012_runtime_schedules"),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name="Dependency",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("resolved", models.BooleanField(default=False, verbose_name="parent ended")),
+                (
+                    "parent_status",
+                    models.CharField(
+                        blank=True,
+                        help_text="SUCCESSFUL, FAILED or CANCELLED; DELETED for a parent deleted before it ended.",
+                        max_length=16,
+                        null=True,
+                        verbose_name="how the parent ended",
+                    ),
+                ),
+            ],
+            options={
+                "verbose_name": "dependency",
+                "verbose_name_plural": "dependencies",
+                "db_table": "pgtasks_dependency",
+            },
+        ),
+        migrations.CreateModel(
+            name="WorkflowMember",
+            fields=[
+                (
+                    "task",
+                    models.OneToOneField(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="workflow_member",
+                        serialize=False,
+                        to="django_pgtasks.task",
+                    ),
+                ),
+                ("workflow_id", models.UUIDField(db_index=True, verbose_name="workflow")),
+                (
+                    "remaining",
+                    models.IntegerField(
+                        default=0,
+                        help_text="Parents that have not ended yet; the task is released at zero.",
+                        verbose_name="parents not ended",
+                    ),
+                ),
+                (
+                    "on_parent_failure",
+                    models.CharField(
+                        choices=[
+                            ("run", "run anyway"),
+                            ("skip", "skip (cancelled)"),
+                            ("fail", "fail"),
+                        ],
+                        default="skip",
+                        max_length=8,
+                        verbose_name="if a parent does not succeed",
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True, verbose_name="created")),
+            ],
+            options={
+                "verbose_name": "workflow member",
+                "verbose_name_plural": "workflow members",
+                "db_table": "pgtasks_workflow_member",
+            },
+        ),
+        migrations.AddField(
+            model_name="archivedtask",
+            name="has_dependents",
+            field=models.BooleanField(
+                db_default=False,
+                default=False,
+                help_text="Other tasks wait for this one to end (django_pgtasks.models.dependencies).",
+                verbose_name="has dependents",
+            ),
+        ),
+        migrations.AddField(
+            model_name="task",
+            name="has_dependents",
+            field=models.BooleanField(
+                db_default=False,
+                default=False,
+                help_text="Other tasks wait for this one to end (django_pgtasks.models.dependencies).",
+                verbose_name="has dependents",
+            ),
+        ),
+        migrations.AlterField(
+            model_name="archivedtask",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("WAITING", "Waiting for parents"),
+                    ("READY", "Ready"),
+                    ("RUNNING", "Running"),
+                    ("AWAITING_RETRY", "Awaiting retry"),
+                    ("SUCCESSFUL", "Successful"),
+                    ("FAILED", "Failed"),
+                    ("CANCELLED", "Cancelled"),
+                ],
+                default="READY",
+                max_length=16,
+                verbose_name="status",
+            ),
+        ),
+        migrations.AlterField(
+            model_name="task",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("WAITING", "Waiting for parents"),
+                    ("READY", "Ready"),
+                    ("RUNNING", "Running"),
+                    ("AWAITING_RETRY", "Awaiting retry"),
+                    ("SUCCESSFUL", "Successful"),
+                    ("FAILED", "Failed"),
+                    ("CANCELLED", "Cancelled"),
+                ],
+                default="READY",
+                max_length=16,
+                verbose_name="status",
+            ),
+        ),
+        migrations.AddField(
+            model_name="dependency",
+            name="child",
+            field=models.ForeignKey(
+                db_constraint=False,
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="dependencies",
+                to="django_pgtasks.task",
+            ),
+        ),
+        migrations.AddField(
+            model_name="dependency",
+            name="parent",
+            field=models.ForeignKey(
+                db_constraint=False,
+                on_delete=django.db.models.deletion.DO_NOTHING,
+                related_name="dependents",
+                to="django_pgtasks.task",
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="dependency",
+            constraint=models.UniqueConstraint(
+                fields=("child", "parent"), name="pgtasks_dependency_uniq"
+            ),
+        ),
+        migrations.SeparateDatabaseAndState(
+            database_operations=[migrations.RunSQL(STATUS_CHECK, STATUS_CHECK_REVERSE)],
+            state_operations=[
+                migrations.RemoveConstraint(
+                    model_name="task",
+                    name="pgtasks_task_status_valid",
+                ),
+                migrations.AddConstraint(
+                    model_name="task",
+                    constraint=models.CheckConstraint(
+                        condition=models.Q(
+                            (
+                                "status__in",
+                                [
+                                    "WAITING",
+                                    "READY",
+                                    "RUNNING",
+                                    "AWAITING_RETRY",
+                                    "SUCCESSFUL",
+                                    "FAILED",
+                                    "CANCELLED",
+                                ],
+                            )
+                        ),
+                        name="pgtasks_task_status_valid",
+                    ),
+                ),
+            ],
+        ),
+        migrations.RunSQL(CASCADES, CASCADES_REVERSE),
+        migrations.RunSQL(RELEASE, RELEASE_REVERSE),
+    ]

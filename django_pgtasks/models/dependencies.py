@@ -1,0 +1,103 @@
+"""Dependencies between tasks: which task waits for which, and the workflows they form.
+
+A task enqueued with parents (``depends_on``, or as a step of a chain or the callback of a
+group: :mod:`django_pgtasks.patterns.workflows`) starts ``WAITING``, outside the claim
+index's range. It has one :class:`Dependency` row per parent and one :class:`WorkflowMember`
+row that counts the parents that have not ended yet (``remaining``).
+
+The release is done by the database, in the transaction that ends the last parent, whatever
+ends it (a worker's outcome, the rescue, a cancel, an operator's action, a deletion): a
+trigger on the task table (migration 0013) fires only for rows with ``has_dependents`` whose
+state crosses between not ended and ended. It records the parent's end on its edges, counts
+them off the children (the member rows serialize concurrent ends of one child's parents), and
+settles each child left with none: ``READY``, or by its ``on_parent_failure`` policy
+``CANCELLED`` (skip) or ``FAILED`` (fail) when a parent did not succeed — an end its own
+children see in turn. A parent that is requeued after it ended re-opens its children.
+
+Why a child never misses a parent's end, although it may be enqueued while that parent is
+finishing on a worker, with neither transaction seeing the other's writes: a deferred
+constraint trigger on the member row runs at the enqueuing transaction's commit. It locks
+the parents still counted (in id order), flags them ``has_dependents``, and counts off those
+that ended meanwhile. A worker ending one of those parents either ended it before (seen here,
+under the lock) or waits for this commit, microseconds away, and its trigger then reads the
+committed edges with a fresh snapshot. The web request that enqueues is never waited for
+during its transaction, only at its commit.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class OnParentFailure(models.TextChoices):
+    """What a task does when a task it depends on did not succeed (failed, was cancelled
+    or skipped, or was deleted before it ended)."""
+
+    #: Run anyway (a group's callback, which receives every member's outcome).
+    RUN = "run", _("run anyway")
+    #: Do not run: end ``CANCELLED``, naming the parent (the default of ``depends_on`` and
+    #: chains); its own children see a parent that did not succeed.
+    SKIP = "skip", _("skip (cancelled)")
+    #: Do not run: end ``FAILED``, naming the parent.
+    FAIL = "fail", _("fail")
+
+
+class WorkflowMember(models.Model):
+    """A task that belongs to a workflow, and how many of its parents have not ended yet."""
+
+    task = models.OneToOneField(
+        "django_pgtasks.Task", on_delete=models.CASCADE, primary_key=True,
+        related_name="workflow_member", db_constraint=False,
+    )
+    workflow_id = models.UUIDField(_("workflow"), db_index=True)
+    remaining = models.IntegerField(
+        _("parents not ended"), default=0,
+        help_text=_("Parents that have not ended yet; the task is released at zero."),
+    )
+    on_parent_failure = models.CharField(
+        _("if a parent does not succeed"), max_length=8, choices=OnParentFailure.choices,
+        default=OnParentFailure.SKIP,
+    )
+    created_at = models.DateTimeField(_("created"), auto_now_add=True)
+
+    class Meta:
+        db_table = "pgtasks_workflow_member"
+        verbose_name = _("workflow member")
+        verbose_name_plural = _("workflow members")
+
+    def __str__(self) -> str:
+        return f"task #{self.task_id} of workflow {self.workflow_id}"
+
+
+class Dependency(models.Model):
+    """One edge: ``child`` runs only after ``parent`` ended (``resolved``), and how it ended."""
+
+    child = models.ForeignKey(
+        "django_pgtasks.Task", on_delete=models.CASCADE, related_name="dependencies",
+        db_constraint=False, db_index=False,  # the unique constraint's index leads with it
+    )
+    #: Indexed: the edges a parent's end resolves and its re-opening finds. No foreign key
+    #: constraint: a parent may be purged after it ended while its children keep the
+    #: record of how it ended (``parent_status``).
+    parent = models.ForeignKey(
+        "django_pgtasks.Task", on_delete=models.DO_NOTHING, related_name="dependents",
+        db_constraint=False,
+    )
+    resolved = models.BooleanField(_("parent ended"), default=False)
+    parent_status = models.CharField(
+        _("how the parent ended"), max_length=16, null=True, blank=True,
+        help_text=_("SUCCESSFUL, FAILED or CANCELLED; DELETED for a parent deleted before "
+                    "it ended."),
+    )
+
+    class Meta:
+        db_table = "pgtasks_dependency"
+        verbose_name = _("dependency")
+        verbose_name_plural = _("dependencies")
+        constraints = [
+            models.UniqueConstraint(fields=["child", "parent"], name="pgtasks_dependency_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.child_id} after #{self.parent_id}"

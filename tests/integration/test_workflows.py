@@ -1,0 +1,381 @@
+"""Workflows: chains, groups with a callback, dependencies (django_pgtasks.models.dependencies).
+
+Workers run in threads here; tests/process/test_workflows.py runs them as processes, with
+kill -9.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+
+import pytest
+from django.db import connection, connections, transaction
+
+from django_pgtasks.exceptions import InvalidTaskError
+from django_pgtasks.models import Dependency, Status, Task, WorkflowMember
+from django_pgtasks.worker.loop import Worker
+from django_pgtasks.workflows import chain, group
+from tests.helpers import run_workers, wait_until
+from tests.testapp import tasks
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain(threads: int = 4) -> None:
+    assert Worker(concurrency=threads, burst=True).run(install_signals=False) == 0
+
+
+def states(workflow) -> list[tuple[str, object]]:
+    return [(t.status, t.result) for t in workflow.members().order_by("id")]
+
+
+def ran_after(later: str, *earlier: str) -> bool:
+    """Whether the run labelled ``later`` was logged after those labelled ``earlier``."""
+    ids = dict(Execution.objects.values_list("worker", "id"))
+    return all(ids[later] > ids[label] for label in earlier)
+
+
+# -- chains -----------------------------------------------------------------------------------
+
+
+def test_a_chain_runs_its_steps_in_order_each_reading_the_previous_result() -> None:
+    workflow = chain(tasks.wf_add.build(1), tasks.wf_add.build(10),
+                     tasks.wf_add.build(100)).enqueue()
+    first, second, third = workflow.tasks
+    assert [first.status, second.status, third.status] == [
+        Status.READY, Status.WAITING, Status.WAITING]
+    # A waiting task is not claimable.
+    [claimed] = Task.objects.claim("w", limit=10)
+    assert claimed.pk == first.pk
+    Task.objects.filter(pk=first.pk).update(status=Status.READY, locked_by=None)
+    drain()
+    assert states(workflow) == [(Status.SUCCESSFUL, 1), (Status.SUCCESSFUL, 11),
+                                (Status.SUCCESSFUL, 111)]
+    assert {m.workflow_id for m in WorkflowMember.objects.all()} == {workflow.id}
+
+
+@pytest.mark.parametrize(("policy", "ends"), [("skip", Status.CANCELLED),
+                                              ("fail", Status.FAILED)])
+def test_a_failed_step_stops_the_chain(policy: str, ends: str) -> None:
+    workflow = chain(tasks.wf_step.build("a"), tasks.wf_step.build("b", fail=True),
+                     tasks.wf_step.build("c"), tasks.wf_step.build("d"),
+                     on_parent_failure=policy).enqueue()
+    drain()
+    a, b, c, d = workflow.members().order_by("id")
+    assert (a.status, b.status, c.status, d.status) == (
+        Status.SUCCESSFUL, Status.FAILED, ends, ends)
+    assert c.error_text == (f"django_pgtasks.exceptions.ParentFailed: a task it depends on "
+                            f"did not succeed (task {b.pk} ended FAILED).")
+    assert f"task {c.pk} ended {ends}" in d.error_text
+    assert c.finished_at is not None
+    assert sorted(Execution.objects.values_list("worker", flat=True)) == ["a", "b"]
+
+
+def test_run_anyway_runs_the_next_step_after_a_failure() -> None:
+    workflow = chain(tasks.wf_step.build("a", fail=True), tasks.wf_collect.build(),
+                     on_parent_failure="run").enqueue()
+    drain()
+    assert states(workflow) == [(Status.FAILED, None), (Status.SUCCESSFUL, [["FAILED", None]])]
+
+
+# -- groups ------------------------------------------------------------------------------------
+
+
+def test_a_group_callback_runs_once_with_every_members_outcome_in_order() -> None:
+    members = [tasks.wf_step.build(f"m{i}", fail=i == 3) for i in range(6)]
+    workflow = group(members, then=tasks.wf_collect.build()).enqueue()
+    drain(threads=6)
+    callback = workflow.tasks[-1]
+    callback.refresh_from_db()
+    assert callback.status == Status.SUCCESSFUL
+    assert callback.result == [["FAILED", None] if i == 3 else ["SUCCESSFUL", f"m{i}"]
+                               for i in range(6)]
+    assert Execution.objects.filter(worker="callback").count() == 1
+    assert ran_after("callback", *(f"m{i}" for i in range(6)))
+
+
+def test_a_group_callback_that_needs_every_member_to_succeed_is_skipped() -> None:
+    workflow = group([tasks.wf_step.build("a"), tasks.wf_step.build("b", fail=True)],
+                     then=tasks.wf_collect.build(), on_parent_failure="skip").enqueue()
+    drain()
+    callback = workflow.members().get(pk=workflow.tasks[-1].pk)
+    assert callback.status == Status.CANCELLED
+    assert not Execution.objects.filter(worker="callback").exists()
+
+
+def test_a_diamond_runs_in_order() -> None:
+    workflow = chain(tasks.wf_step.build("a"),
+                     group([tasks.wf_step.build("b"), tasks.wf_step.build("c")]),
+                     tasks.wf_step.build("d")).enqueue()
+    drain()
+    assert [s for s, _ in states(workflow)] == [Status.SUCCESSFUL] * 4
+    assert ran_after("b", "a")
+    assert ran_after("c", "a")
+    assert ran_after("d", "b", "c")
+    d = workflow.tasks[-1]
+    assert [p.name for p in Task.objects.parent_outcomes(d)] == [tasks.wf_step.name] * 2
+
+
+def test_a_group_without_callback_and_nested_groups() -> None:
+    inner = group([tasks.wf_step.build("x"), tasks.wf_step.build("y")],
+                  then=tasks.wf_step.build("xy"))
+    workflow = group([inner, tasks.wf_step.build("z")], then=tasks.wf_collect.build()).enqueue()
+    drain()
+    callback = Task.objects.get(pk=workflow.tasks[-1].pk)
+    assert callback.result == [["SUCCESSFUL", "xy"], ["SUCCESSFUL", "z"]]
+    assert ran_after("xy", "x", "y")
+    assert ran_after("callback", "xy", "z")
+
+
+# -- depends_on ----------------------------------------------------------------------------
+
+
+def test_depends_on_a_finished_task_is_ready_at_commit() -> None:
+    parent = Task.objects.enqueue(tasks.wf_add, 1)
+    drain()
+    with transaction.atomic():
+        child = Task.objects.enqueue(tasks.wf_add, 2, depends_on=[parent.pk])
+        assert Task.objects.get(pk=child.pk).status == Status.WAITING  # until the commit
+    assert Task.objects.get(pk=child.pk).status == Status.READY
+    drain()
+    assert Task.objects.get(pk=child.pk).result == 3
+
+
+def test_depends_on_a_running_task_waits_for_its_end() -> None:
+    parent = Task.objects.enqueue(tasks.wf_add, 1)
+    [claimed] = Task.objects.claim("w")
+    child = Task.objects.enqueue(tasks.wf_add, 2, depends_on=[parent])
+    assert Task.objects.get(pk=child.pk).status == Status.WAITING
+    assert Task.objects.get(pk=parent.pk).has_dependents
+    assert Task.objects.mark_succeeded(claimed, 1)
+    assert Task.objects.get(pk=child.pk).status == Status.READY
+
+
+def test_the_parent_ends_while_the_child_is_being_enqueued() -> None:
+    """The write skew the commit-time check closes: the enqueuing transaction cannot see the
+    parent's end, and the worker's transaction cannot see the child's edge."""
+    parent = Task.objects.enqueue(tasks.wf_add, 1)
+    [claimed] = Task.objects.claim("w")
+    with transaction.atomic():
+        child = Task.objects.enqueue(tasks.wf_add, 2, depends_on=[parent])
+        ended = threading.Thread(target=_succeed, args=(claimed,))
+        ended.start()
+        ended.join()  # committed: its trigger could not see the uncommitted edge
+        assert Task.objects.get(pk=child.pk).status == Status.WAITING
+    assert Task.objects.get(pk=child.pk).status == Status.READY
+
+
+def test_a_parent_ending_at_the_childs_commit_waits_for_it_then_releases_it() -> None:
+    """The other order: the commit-time check holds the parent's lock; the worker recording
+    the parent's end waits for the commit, then sees the child's edge."""
+    parent = Task.objects.enqueue(tasks.wf_add, 1)
+    [claimed] = Task.objects.claim("w")
+    with transaction.atomic():
+        child = Task.objects.enqueue(tasks.wf_add, 2, depends_on=[parent])
+        with connection.cursor() as cursor:  # what COMMIT runs first, run now
+            cursor.execute("SET CONSTRAINTS pgtasks_member_committing IMMEDIATE")
+        ended = threading.Thread(target=_succeed, args=(claimed,))
+        ended.start()
+        wait_until(_an_outcome_waits_for_a_lock, 30, "the outcome to wait for the lock")
+        assert Task.objects.get(pk=child.pk).status == Status.WAITING
+    ended.join()
+    assert Task.objects.get(pk=parent.pk).status == Status.SUCCESSFUL
+    assert Task.objects.get(pk=child.pk).status == Status.READY
+
+
+def _succeed(task: Task) -> None:
+    try:
+        assert Task.objects.mark_succeeded(task, 1)
+    finally:
+        connections.close_all()
+
+
+def _an_outcome_waits_for_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        # Inside a transaction the server keeps its first reading of pg_stat_activity.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                       "AND datname = current_database() "
+                       "AND query LIKE '%UPDATE pgtasks_task t SET%'")
+        return cursor.fetchone()[0] == 1
+
+
+def test_a_deleted_parent_counts_as_not_succeeded() -> None:
+    parent = Task.objects.enqueue(tasks.wf_add, 1)
+    child = Task.objects.enqueue(tasks.wf_add, 2, depends_on=[parent])
+    Task.objects.filter(pk=parent.pk).delete()
+    child.refresh_from_db()
+    assert child.status == Status.CANCELLED
+    assert f"task {parent.pk} ended DELETED" in child.error_text
+    assert Task.objects.parent_outcomes(child)[0].status == "DELETED"
+
+
+def test_a_purged_child_takes_its_edges_and_membership_along() -> None:
+    workflow = chain(tasks.wf_add.build(1), tasks.wf_add.build(2)).enqueue()
+    drain()
+    with connection.cursor() as cursor:  # as the purge does: SQL, not the ORM
+        cursor.execute("DELETE FROM pgtasks_task")
+    assert not Dependency.objects.exists()
+    assert not WorkflowMember.objects.filter(workflow_id=workflow.id).exists()
+
+
+# -- operators -------------------------------------------------------------------------------
+
+
+def test_cancelling_a_workflow_cancels_its_waiting_members_and_runs_no_callback() -> None:
+    workflow = group([tasks.wf_step.build("a"), tasks.wf_step.build("b")],
+                     then=tasks.wf_collect.build()).enqueue()
+    [running] = Task.objects.claim("w")
+    result = workflow.cancel()
+    assert (result.cancelled, result.stopping) == (2, 1)
+    assert Task.objects.get(pk=running.pk).cancel_requested
+    Task.objects.mark_cancelled(running)
+    assert {t.status for t in workflow.members()} == {Status.CANCELLED}
+    drain()
+    assert not Execution.objects.exists()
+
+
+def test_retrying_a_failed_member_reopens_the_callback() -> None:
+    workflow = group([tasks.wf_step.build("a"), tasks.wf_step.build("b", fail=True)],
+                     then=tasks.wf_collect.build()).enqueue()
+    drain()
+    failed, callback = workflow.tasks[1], workflow.tasks[2]
+    assert Task.objects.get(pk=callback.pk).result == [["SUCCESSFUL", "a"], ["FAILED", None]]
+    Task.objects.filter(pk=failed.pk).update(kwargs={"fail": False})
+    assert Task.objects.filter(pk=failed.pk).retry_now() == 1
+    reopened = Task.objects.get(pk=callback.pk)
+    assert (reopened.status, reopened.attempt, reopened.result) == (Status.WAITING, 0, None)
+    drain()
+    assert Task.objects.get(pk=callback.pk).result == [["SUCCESSFUL", "a"], ["SUCCESSFUL", "b"]]
+    assert Execution.objects.filter(worker="callback").count() == 2
+
+
+def test_a_waiting_task_can_be_cancelled_and_reprioritized_not_made_due() -> None:
+    parent = Task.objects.enqueue(tasks.wf_add, 1)
+    child = Task.objects.enqueue(tasks.wf_add, 2, depends_on=[parent])
+    assert Task.objects.filter(pk=child.pk).set_priority(150) == 1
+    assert Task.objects.filter(pk=child.pk).retry_now() == 0
+    assert Task.objects.filter(pk=child.pk).cancel() == 1
+    drain()
+    assert Task.objects.get(pk=parent.pk).status == Status.SUCCESSFUL
+    assert Task.objects.get(pk=child.pk).status == Status.CANCELLED
+
+
+# -- enqueueing: all or nothing, refused before SQL ------------------------------------------
+
+
+def test_a_workflow_is_enqueued_with_the_callers_transaction() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        chain(tasks.wf_add.build(1), tasks.wf_add.build(2)).enqueue()
+        raise RuntimeError("rolled back")
+    assert not Task.objects.exists()
+    assert not Dependency.objects.exists()
+    assert not WorkflowMember.objects.exists()
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Task.objects.enqueue(tasks.wf_add, 1, depends_on=[10**9]),
+     "depends_on names tasks that do not exist: 1000000000."),
+    (lambda: Task.objects.enqueue(tasks.wf_add, 1, depends_on=["7"]),
+     "depends_on takes tasks or their ids, not str '7'."),
+    (lambda: Task.objects.enqueue(tasks.wf_add, 1, depends_on=[True]),
+     "depends_on takes tasks or their ids, not bool True."),
+    (lambda: Task.objects.enqueue(tasks.wf_add, 1, depends_on=[Task.objects.build(
+        tasks.wf_add, 1)]), "depends on an unsaved task"),
+    (lambda: Task.objects.enqueue(tasks.wf_add, 1, depends_on=[], on_parent_failure="retry"),
+     "on_parent_failure must be one of run, skip, fail, not 'retry'."),
+    (lambda: Task.objects.enqueue(tasks.wf_add, 1, key="k", depends_on=[]),
+     "cannot have one"),
+    (lambda: chain(tasks.wf_add.build(1), "tests.testapp.tasks.wf_add").enqueue(),
+     "A workflow step is an unsaved task"),
+    (lambda: group([]).enqueue(), "A group needs at least one member."),
+    (lambda: chain(tasks.wf_add.build(1), tasks.wf_add.build({1, 2})).enqueue(), None),
+], ids=["missing", "string", "bool", "unsaved", "policy", "key", "step", "empty", "payload"])
+def test_bad_workflows_are_refused_before_anything_is_written(make, message) -> None:
+    with transaction.atomic():
+        Task.objects.enqueue(tasks.noop)
+        with pytest.raises(InvalidTaskError) as caught:
+            make()
+        assert Task.objects.count() == 1  # the caller's transaction is usable, nothing else
+    if message:
+        assert message in str(caught.value)
+    assert not Dependency.objects.exists()
+
+
+def test_a_step_used_twice_and_a_circle_are_refused() -> None:
+    step = tasks.wf_add.build(1)
+    with pytest.raises(InvalidTaskError, match="appears twice"):
+        chain(step, step).enqueue()
+    a, b = tasks.wf_add.build(1), tasks.wf_add.build(2)
+    with pytest.raises(InvalidTaskError, match="in a circle"):
+        Task.objects.enqueue_linked([a, b], [[b], [a]])
+    assert not Task.objects.exists()
+
+
+def test_depends_on_joins_the_workflow_of_its_first_parent() -> None:
+    workflow = chain(tasks.wf_add.build(1), tasks.wf_add.build(2)).enqueue()
+    late = Task.objects.enqueue(tasks.wf_add, 3, depends_on=[workflow.tasks[-1]])
+    assert late.workflow_id == workflow.id
+    assert workflow.members().count() == 3
+    alone = Task.objects.enqueue(tasks.wf_add, 4, depends_on=[Task.objects.enqueue(tasks.noop)])
+    assert isinstance(alone.workflow_id, uuid.UUID)
+    assert alone.workflow_id != workflow.id
+
+
+# -- at scale, concurrently --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_1000_member_group_callback_runs_exactly_once_under_8_workers() -> None:
+    members = [tasks.wf_step.build(f"m{i}") for i in range(1000)]
+    workflow = group(members, then=tasks.wf_collect.build()).enqueue()
+    workers = [Worker(concurrency=2, burst=True, worker_id=f"w{i}") for i in range(8)]
+    run_workers(workers)
+    callback = Task.objects.get(pk=workflow.tasks[-1].pk)
+    assert callback.status == Status.SUCCESSFUL
+    assert callback.result == [["SUCCESSFUL", f"m{i}"] for i in range(1000)]
+    assert Execution.objects.filter(worker="callback").count() == 1
+    assert Execution.objects.count() == 1001
+    assert WorkflowMember.objects.get(task_id=callback.pk).remaining == 0
+
+
+WAITING_ROWS = 100_000
+
+
+@pytest.mark.slow
+def test_the_claim_never_reads_tasks_waiting_for_parents() -> None:
+    """100,000 tasks waiting on parents and 1,000 ready ones: the claim reads the first rows
+    of the claim index's range, which holds no waiting task, and touches a few pages."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, status, attempt,
+                                      max_attempts, error_text, metadata, run_after)
+            SELECT 'tests.testapp.tasks.noop', 'default', '[]', '{}', 200,
+                   CASE WHEN i <= %s THEN 'WAITING' ELSE 'READY' END, 0, 3, '', '{}',
+                   now() - interval '1 day'
+            FROM generate_series(1, %s) AS i
+            """,
+            [WAITING_ROWS, WAITING_ROWS + 1000],
+        )
+        cursor.execute("ANALYZE pgtasks_task")
+    from django_pgtasks.lifecycle.claim import claim_statement
+
+    with transaction.atomic():
+        candidates = [Task.objects.claimable("default").select_for_update(skip_locked=True)
+                      .values_list("id", "priority", "run_after")[:10]]
+        sql, params = claim_statement(connection, "pgtasks_task", candidates, 10)
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {sql}",
+                           [*params, "w", "w"])
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    print(plan)
+    assert "Index Scan using pgtasks_task_claim_idx" in plan, plan
+    assert "Seq Scan" not in plan, plan
+    assert "Rows Removed by Filter" not in plan, plan
+    buffers = [int(n) for n in re.findall(r"shared hit=(\d+)", plan)]
+    assert max(buffers) < 200, plan
