@@ -21,11 +21,15 @@ How Django's values map onto the native ones:
 
 - priority: native = Django + 100, so Django's -100..100 becomes 0..200, the order is kept
   and both defaults (0 and 100) meet;
-- status: READY and AWAITING_RETRY → READY, RUNNING → RUNNING, SUCCESSFUL → SUCCESSFUL,
+- status: WAITING (a workflow step waiting for its parents), READY and AWAITING_RETRY →
+  READY, RUNNING → RUNNING, SUCCESSFUL → SUCCESSFUL,
   FAILED and CANCELLED → FAILED;
 - result id: the row's primary key as a decimal string; for a row on another database than
   ``PGTASKS["DATABASE"]`` (a queue with a ``"database"`` option), ``<pk>@<alias>``, since
   primary keys repeat across databases.
+
+Workflows (chains, groups, dependencies) take ``@task`` calls as steps through
+:mod:`django_pgtasks.backend.workflows`.
 
 This module is imported with the first ``tasks.py`` that uses it, before the app registry is
 ready: it imports models lazily and reads no setting at import time.

@@ -23,6 +23,7 @@ from django_pgtasks.backend.options import METADATA_KEY
 logger = logging.getLogger("django_pgtasks.backend")
 
 _STATUS = {
+    "WAITING": TaskResultStatus.READY,
     "READY": TaskResultStatus.READY,
     "AWAITING_RETRY": TaskResultStatus.READY,
     "RUNNING": TaskResultStatus.RUNNING,

@@ -88,6 +88,7 @@ def test_a_group_and_a_diamond_under_8_workers_lose_nothing_to_kill_9(start_comm
     assert ran == set(member_ids)
     # The killed workers' runs were cut short and given back, not failed.
     assert Task.objects.filter(pk__in=member_ids, interruptions__gt=0).exists()
-    ids = dict(Execution.objects.filter(worker__in=["a", "b", "c", "d"]).values_list("worker", "id"))
+    ids = dict(Execution.objects.filter(worker__in=["a", "b", "c", "d"])
+               .values_list("worker", "id"))
     assert ids["a"] < ids["b"] < ids["d"]
     assert ids["a"] < ids["c"] < ids["d"]

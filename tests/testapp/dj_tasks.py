@@ -153,3 +153,18 @@ def chaos_django(context: TaskContext) -> None:
     """Chaos test through Django's tasks API, with its default of one attempt."""
     Execution.objects.create(task_id=int(context.task_result.id), worker="",
                              attempt=context.attempt)
+
+
+# -- workflows (tests/integration/test_workflows.py) ----------------------------------------
+
+
+@task
+def dj_double(n: int) -> int:
+    return 2 * n
+
+
+@task(takes_context=True)
+def dj_sum_of_parents(context: TaskContext) -> int:
+    from django_pgtasks.backend.workflows import parent_outcomes
+
+    return sum(outcome.result for outcome in parent_outcomes(context))
