@@ -1,4 +1,4 @@
-"""Server-side cost of migration 0007's row triggers on the hot statements, in isolation.
+"""Server-side cost of the task table's row triggers on the hot statements, in isolation.
 
 Usage, from the repository root, with the project's virtualenv::
 
@@ -7,10 +7,12 @@ Usage, from the repository root, with the project's virtualenv::
 It creates a scratch database (``pgtasks_bench_triggers``, on localhost as postgres, or the
 server the ``PG*`` variables name), migrates it, then times two statements on 500 rows: a
 claim-shaped UPDATE (READY -> RUNNING) and the worker's batched completion UPDATE
-(``MARK_MANY_SUCCEEDED_SQL``, RUNNING -> SUCCESSFUL), in alternating runs with the triggers
-``pgtasks_task_notify_cancel`` and ``pgtasks_task_notify_finished`` enabled and disabled.
-Nobody waits for these tasks, which is the case the triggers must not slow down. Prints min
-and median per variant; the database is dropped at the end.
+(``transitions.SUCCEED_SQL``, RUNNING -> SUCCESSFUL), in alternating runs with the triggers
+enabled and disabled: ``pgtasks_task_notify_cancel`` and ``pgtasks_task_notify_finished``
+(migration 0007) and ``pgtasks_task_parent_changed`` (0013, workflows), or those named in
+``TRIGGERS`` (comma-separated). Nobody waits for these tasks and none has dependents, which
+is the case the triggers must not slow down. Prints min and median per variant; the
+database is dropped at the end.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "pgtasks_bench_triggers"
 BATCH = 500
 ROUNDS = int(os.environ.get("ROUNDS", "40"))
-TRIGGERS = ("pgtasks_task_notify_cancel", "pgtasks_task_notify_finished")
+TRIGGERS = tuple(os.environ.get("TRIGGERS", "pgtasks_task_notify_cancel,"
+                                "pgtasks_task_notify_finished,pgtasks_task_parent_changed")
+                 .split(","))
 CLAIM_SQL = (
     "UPDATE pgtasks_task SET status = 'RUNNING', locked_by = 'w', locked_at = now(), "
     "started_at = now(), attempt = attempt + 1, "
-    "worker_ids = worker_ids || jsonb_build_array('w'::text) "
-    "WHERE id = ANY(%s) AND status IN ('READY', 'AWAITING_RETRY') RETURNING locked_at"
+    "worker_ids = worker_ids || jsonb_build_array('w'::text), claims = claims + 1 "
+    "WHERE id = ANY(%s) AND status IN ('READY', 'AWAITING_RETRY') RETURNING claims"
 )
 
 
@@ -64,7 +68,7 @@ def main() -> None:
         admin.execute(f"CREATE DATABASE {DATABASE}")
     try:
         migrate()
-        from django_pgtasks.models import MARK_MANY_SUCCEEDED_SQL
+        from django_pgtasks.lifecycle.transitions import SUCCEED_SQL
 
         with server(DATABASE) as conn:
             conn.execute(
@@ -83,11 +87,11 @@ def main() -> None:
                                  "locked_at = NULL, result = NULL, attempt = 0")
                     conn.execute("VACUUM pgtasks_task")
                     start = time.perf_counter()
-                    leases = conn.execute(CLAIM_SQL, [ids]).fetchall()
+                    claims = [c for (c,) in conn.execute(CLAIM_SQL, [ids]).fetchall()]
                     times[("claim", on)].append(time.perf_counter() - start)
                     start = time.perf_counter()
-                    done = conn.execute(MARK_MANY_SUCCEEDED_SQL, [
-                        ids, [None] * BATCH, ["w"] * BATCH, [leases[0][0]] * BATCH]).fetchall()
+                    done = conn.execute(SUCCEED_SQL.replace("%b", "%s"), [
+                        ids, ["w"] * BATCH, claims, [None] * BATCH]).fetchall()
                     times[("completion", on)].append(time.perf_counter() - start)
                     assert len(done) == BATCH
         for (what, on), values in times.items():

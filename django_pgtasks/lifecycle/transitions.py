@@ -347,7 +347,9 @@ def write(using: str, runs: Sequence[tuple[Claimed, Outcome]]) -> dict[int, str]
     kind = type(runs[0][1])
     sql, extra = _STATEMENTS[kind]
     columns: list[list[Any]] = [[], [], []]
-    for task, outcome in runs:
+    # In id order, the order in which the enqueuing side locks parents at its commit
+    # (models/dependencies.py): the two never wait for each other in a circle.
+    for task, outcome in sorted(runs, key=_by_id):
         if type(outcome) is not kind:
             raise TypeError("write() takes outcomes of one kind.")
         columns[0].append(task.pk)
@@ -362,6 +364,10 @@ def write(using: str, runs: Sequence[tuple[Claimed, Outcome]]) -> dict[int, str]
     with fast_cursor(using) as cursor:
         cursor.execute(sql, [*params, *columns])
         return dict(cursor.fetchall())
+
+
+def _by_id(run: tuple[Claimed, Outcome]) -> int:
+    return run[0].pk
 
 
 def unclaim(using: str, tasks: Sequence[Claimed]) -> dict[int, str]:
