@@ -3,11 +3,12 @@
 Usage (from the project root)::
 
     DJANGO_SETTINGS_MODULE=tests.settings .venv/bin/python bench/explain_claim.py \
-        [--finished 1000000] [--pending 100000] [--claims 1000] [--keep]
+        [--finished 1000000] [--pending 100000] [--waiting 100000] [--claims 1000] [--keep]
 
 The script creates a scratch database (``--database-name``, default ``pgtasks_explain``) on
 the server that ``DATABASES["default"]`` points at, migrates it, seeds finished and pending
-tasks with ``INSERT ... SELECT generate_series``, runs ``ANALYZE``, then:
+tasks and tasks waiting for parents (``WAITING``, workflows) with ``INSERT ... SELECT
+generate_series``, runs ``ANALYZE``, then:
 
 1. captures the exact SQL that ``Task.objects.claim()`` sends, for one queue and for two
    queues, with ``limit=1`` and ``limit=50`` (each capture runs in a transaction that is
@@ -79,6 +80,18 @@ SELECT %(name)s,
 FROM generate_series(1, %(rows)s) AS i
 """
 
+# Tasks of workflows waiting for their parents: outside the claim index's range, whatever
+# their priority and run_after.
+SEED_WAITING = """
+INSERT INTO pgtasks_task (
+    name, queue, args, kwargs, priority, status, attempt, max_attempts, run_after,
+    error_text, metadata, created_at, updated_at
+)
+SELECT %(name)s, (ARRAY['default', 'emails'])[1 + i %% 2], '[]', '{}', 200, 'WAITING', 0, 3,
+       now() - interval '1 day', '', '{}', now(), now()
+FROM generate_series(1, %(rows)s) AS i
+"""
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -86,6 +99,8 @@ def parse_args() -> argparse.Namespace:
                         help="Finished rows (SUCCESSFUL/FAILED) to seed (default: 1000000).")
     parser.add_argument("--pending", type=int, default=100_000,
                         help="Pending rows (READY/AWAITING_RETRY) to seed (default: 100000).")
+    parser.add_argument("--waiting", type=int, default=100_000,
+                        help="Tasks waiting for parents (WAITING) to seed (default: 100000).")
     parser.add_argument("--claims", type=int, default=1000,
                         help="Consecutive single-task claims to time (default: 1000).")
     parser.add_argument("--database-name", default="pgtasks_explain",
@@ -120,7 +135,7 @@ def drop_database(db_settings: dict, name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def seed(finished: int, pending: int) -> None:
+def seed(finished: int, pending: int, waiting: int = 0) -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -129,10 +144,12 @@ def seed(finished: int, pending: int) -> None:
             cursor.execute(SEED_FINISHED, {"name": TASK_NAME, "rows": finished})
         if pending:
             cursor.execute(SEED_PENDING, {"name": TASK_NAME, "rows": pending})
+        if waiting:
+            cursor.execute(SEED_WAITING, {"name": TASK_NAME, "rows": waiting})
         seeded = time.perf_counter() - started
         cursor.execute("ANALYZE pgtasks_task")
-    print(f"Seeded {finished:,} finished + {pending:,} pending rows in {seeded:.1f}s; "
-          "ANALYZE done.")
+    print(f"Seeded {finished:,} finished + {pending:,} pending + {waiting:,} waiting rows in "
+          f"{seeded:.1f}s; ANALYZE done.")
 
 
 def describe_table() -> None:
@@ -279,7 +296,7 @@ def main() -> int:
               f"Python {platform.python_version()}")
         print(f"Scratch database: {args.database_name} (settings named {original_name!r})")
 
-        seed(args.finished, args.pending)
+        seed(args.finished, args.pending, args.waiting)
         describe_table()
 
         for queues in (["default"], ["default", "emails"]):
