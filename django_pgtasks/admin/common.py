@@ -27,6 +27,8 @@ NAME_FILTER_MAX = 100
 STATUS_PARAM = "status__exact"
 #: Query-string parameter naming the database alias a page shows.
 DATABASE_PARAM = "database"
+#: Query-string parameter of the workflow filter (the tasks of one workflow).
+WORKFLOW_PARAM = "workflow"
 
 # A numeric search term is also looked up as a task id. Eighteen digits always fit a bigint.
 _TASK_ID_RE = re.compile(r"[0-9]{1,18}")

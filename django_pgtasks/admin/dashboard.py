@@ -22,6 +22,7 @@ from django_pgtasks.admin.changelist import bulk_change_message, status_counts
 from django_pgtasks.admin.common import (
     DATABASE_PARAM,
     STATUS_PARAM,
+    WORKFLOW_PARAM,
     _with_database,
     selected_database,
 )
@@ -125,6 +126,26 @@ class DashboardSection:
         return [{"task": task,
                  "url": _with_database(self.admin.url("change", task.id), self.database)}
                 for task in self.snapshot.stuck]
+
+    @cached_property
+    def workflows(self) -> list[dict[str, Any]]:
+        """The most recent workflows (:func:`dashboard.recent_workflows`: three queries,
+        however many there are), with links to their tasks and callbacks."""
+        labels = dict(Status.choices)
+        rows = []
+        for row in dashboard.recent_workflows(self.database):
+            counts = [{"value": value, "label": labels[value], "count": row.counts[value],
+                       "url": self.list_url(**{WORKFLOW_PARAM: row.id, STATUS_PARAM: value})}
+                      for value in Status.values if row.counts.get(value)]
+            callbacks = [{"task": callback, "status_label": labels.get(callback.status,
+                                                                       callback.status),
+                          "url": _with_database(self.admin.url("change", callback.id),
+                                                self.database)}
+                         for callback in row.callbacks]
+            rows.append({"row": row, "url": self.list_url(**{WORKFLOW_PARAM: row.id}),
+                         "counts": counts, "callbacks": callbacks,
+                         "more_callbacks": row.callback_count - len(row.callbacks)})
+        return rows
 
     @cached_property
     def estimates(self) -> list[tuple[str, int]]:

@@ -1,8 +1,11 @@
-"""The task list's filters: queue, task name, error group."""
+"""The task list's filters: queue, task name, error group, workflow."""
 
 from __future__ import annotations
 
+import uuid
+
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.http import HttpRequest
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
@@ -10,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 from django_pgtasks.admin.common import (
     NAME_FILTER_MAX,
     NAME_FILTER_SAMPLE,
+    WORKFLOW_PARAM,
     _checked_param,
     _max_length,
 )
@@ -112,3 +116,36 @@ class ErrorGroupFilter(admin.SimpleListFilter):
             return queryset
         value = _checked_param(value, ERROR_GROUP_LENGTH)
         return queryset.alias(error_group=error_group_expression()).filter(error_group=value)
+
+
+class WorkflowFilter(admin.SimpleListFilter):
+    """The tasks of one workflow (``?workflow=<uuid>``), through the member table's workflow
+    index.
+
+    Reached from a task's page and the dashboard; like the error group, shown in the sidebar
+    only while active: the workflows are never listed (the member table may be huge).
+    """
+
+    title = _("workflow")
+    parameter_name = WORKFLOW_PARAM
+    template = "admin/django_pgtasks/task/workflow_filter.html"
+    # The longest spelling uuid.UUID() accepts: "urn:uuid:" and 36 characters.
+    max_length = 45
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        value = self.value()
+        return [(value, value)] if value else []
+
+    def has_output(self) -> bool:
+        # As for ErrorGroupFilter: it must apply although it offers no choices.
+        return True
+
+    def queryset(self, request: HttpRequest, queryset: TaskQuerySet) -> TaskQuerySet:
+        value = self.value()
+        if value is None:
+            return queryset
+        try:
+            workflow_id = uuid.UUID(_checked_param(value, self.max_length))
+        except ValueError:
+            raise IncorrectLookupParameters(_("Invalid filter value.")) from None
+        return queryset.filter(workflow_member__workflow_id=workflow_id)

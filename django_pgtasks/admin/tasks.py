@@ -29,25 +29,31 @@ from django_pgtasks.admin.common import (
     selected_database,
 )
 from django_pgtasks.admin.dashboard import DashboardMixin
-from django_pgtasks.admin.filters import ErrorGroupFilter, NameFilter, QueueFilter
+from django_pgtasks.admin.filters import (
+    ErrorGroupFilter,
+    NameFilter,
+    QueueFilter,
+    WorkflowFilter,
+)
+from django_pgtasks.admin.workflows import WorkflowFieldsMixin
 from django_pgtasks.base import routing
 from django_pgtasks.base.validation import PRIORITY_MAX, PRIORITY_MIN
 from django_pgtasks.models import (
-    PENDING,
     Task,
     TaskQuerySet,
 )
+from django_pgtasks.models.status import UNSTARTED
 
 
 @admin.register(Task)
-class TaskAdmin(TaskActionsMixin, DashboardMixin, admin.ModelAdmin):
+class TaskAdmin(TaskActionsMixin, DashboardMixin, WorkflowFieldsMixin, admin.ModelAdmin):
     # What tells tasks apart comes first, so that the error stays in view on a laptop's
     # screen; the worker holding a task is on its page (and the dashboard lists the stuck).
     list_display = (
         "id", "name", "status", "attempts", "error_summary", "queue", "priority",
         "run_after", "finished_at", "payload_summary",
     )
-    list_filter = ("status", QueueFilter, NameFilter, ErrorGroupFilter)
+    list_filter = ("status", QueueFilter, NameFilter, ErrorGroupFilter, WorkflowFilter)
     search_fields = ("key__exact",)
     search_help_text = _("A task id, or an exact deduplication key.")
     ordering = ("-id",)
@@ -61,6 +67,8 @@ class TaskAdmin(TaskActionsMixin, DashboardMixin, admin.ModelAdmin):
     dashboard_template = "admin/django_pgtasks/task/dashboard.html"
     requeue_group_template = "admin/django_pgtasks/task/requeue_group.html"
 
+    # A task of a workflow, or one that others wait for, also gets a "Workflow" fieldset
+    # (WorkflowFieldsMixin.get_fieldsets).
     fieldsets = (
         (None, {"fields": ("id", "name", "queue", "status", "priority", "key", "stage")}),
         (_("Attempts"), {"fields": (
@@ -171,8 +179,8 @@ class TaskAdmin(TaskActionsMixin, DashboardMixin, admin.ModelAdmin):
 
     @staticmethod
     def priority_editable(obj: Task | None) -> bool:
-        """Priority matters only to a task that still waits to be claimed."""
-        return obj is not None and obj.status in PENDING
+        """Priority matters only to a task that still waits to be claimed (or released)."""
+        return obj is not None and obj.status in UNSTARTED
 
     def get_readonly_fields(self, request: HttpRequest, obj: Task | None = None) -> list[str]:
         fields = flatten_fieldsets(self.get_fieldsets(request, obj))

@@ -11,7 +11,9 @@ size of the task table:
 - tasks enqueued per hour are told by the ids handed out in each hour, found by a binary
   search over the primary key (an estimate: a few hundred index probes);
 - numbers over the whole table (its size, the share of each status) come from PostgreSQL's
-  statistics (``pg_class.reltuples``, ``pg_stats``) and are marked as estimates.
+  statistics (``pg_class.reltuples``, ``pg_stats``) and are marked as estimates;
+- the most recent workflows are found by stepping down the member table's primary key from
+  its newest row (:data:`RECENT_WORKFLOWS_SQL`), and only their members are read.
 
 :func:`database_snapshot` gathers them all; the admin renders it, the command prints it.
 """
@@ -19,8 +21,9 @@ size of the task table:
 from __future__ import annotations
 
 import json
+import uuid
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -61,6 +64,10 @@ MAX_NAMES = 100
 MAX_HOURS = 24 * 31
 #: Hours the chart covers, the current one included.
 CHART_HOURS = 24
+#: Workflows listed at most, the most recent first.
+MAX_WORKFLOWS = 20
+#: Tasks waiting for several parents (a group's callback) listed at most per workflow.
+MAX_WORKFLOW_CALLBACKS = 10
 
 
 
@@ -155,6 +162,90 @@ ESTIMATE_SQL = """
                         AND s.attname = 'status'
     WHERE c.oid = 'pgtasks_task'::regclass
 """
+
+
+# The most recent workflows, newest first: the workflow of the newest member row (the member
+# table's primary key is the task id, handed out in enqueue order), then, stepping down the
+# same index from there, the next member row of a workflow not found yet, %(limit)s times.
+# Each step reads on from where the one before stopped, so the statement reads the member
+# rows above the last workflow's newest one, every one of which belongs to a workflow it
+# lists: what it reports on, never the whole table.
+RECENT_WORKFLOWS_SQL = """
+    WITH RECURSIVE found (n, task_id, workflow_id, seen) AS (
+        (SELECT 1, task_id, workflow_id, ARRAY[workflow_id]
+         FROM pgtasks_workflow_member ORDER BY task_id DESC LIMIT 1)
+        UNION ALL
+        SELECT f.n + 1, m.task_id, m.workflow_id, f.seen || m.workflow_id
+        FROM found f
+        CROSS JOIN LATERAL (
+            SELECT w.task_id, w.workflow_id FROM pgtasks_workflow_member w
+            WHERE w.task_id < f.task_id AND w.workflow_id <> ALL (f.seen)
+            ORDER BY w.task_id DESC LIMIT 1
+        ) m
+        WHERE f.n < %(limit)s
+    )
+    SELECT workflow_id FROM found ORDER BY n
+"""
+
+# The members of the workflows %(workflows)s per state (the workflow index, then one primary
+# key probe per member).
+WORKFLOW_COUNTS_SQL = """
+    SELECT m.workflow_id, t.status, count(*)
+    FROM pgtasks_workflow_member m JOIN pgtasks_task t ON t.id = m.task_id
+    WHERE m.workflow_id = ANY (%(workflows)s::uuid[])
+    GROUP BY 1, 2
+"""
+
+# The members of the workflows %(workflows)s that wait (or waited) for more than one parent,
+# a group's callback, with how many of their parents ended: the first %(limit)s of each
+# workflow in id order, and how many there are. Edges are counted through the dependency
+# table's unique index, which leads with the child.
+WORKFLOW_CALLBACKS_SQL = """
+    SELECT c.workflow_id, c.task_id, t.name, t.status, c.parents, c.ended, c.callbacks
+    FROM (
+        SELECT m.workflow_id, m.task_id, e.parents, e.ended,
+               row_number() OVER (PARTITION BY m.workflow_id ORDER BY m.task_id) AS rank,
+               count(*) OVER (PARTITION BY m.workflow_id) AS callbacks
+        FROM pgtasks_workflow_member m
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS parents, count(*) FILTER (WHERE d.resolved) AS ended
+            FROM pgtasks_dependency d WHERE d.child_id = m.task_id
+        ) e
+        WHERE m.workflow_id = ANY (%(workflows)s::uuid[]) AND e.parents > 1
+    ) c
+    JOIN pgtasks_task t ON t.id = c.task_id
+    WHERE c.rank <= %(limit)s
+    ORDER BY c.workflow_id, c.task_id
+"""
+
+
+@dataclass(frozen=True)
+class WorkflowCallback:
+    """A task of a workflow that waits (or waited) for more than one parent."""
+
+    id: int
+    name: str
+    status: str
+    #: Its parents, and how many of them ended.
+    parents: int
+    ended: int
+
+
+@dataclass(frozen=True)
+class WorkflowRow:
+    """One workflow: its members per state and its callbacks."""
+
+    id: uuid.UUID
+    #: Status value -> members in it.
+    counts: dict[str, int]
+    #: The first :data:`MAX_WORKFLOW_CALLBACKS` callbacks, in id order.
+    callbacks: list[WorkflowCallback] = field(default_factory=list)
+    #: How many callbacks the workflow has (listed or not).
+    callback_count: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
 
 
 def _cursor(using: str) -> Any:
@@ -294,6 +385,32 @@ def workers(using: str) -> list[WorkerRow]:
             for name, host, pid, queues, *rest in rows]
 
 
+def recent_workflows(using: str, limit: int = MAX_WORKFLOWS) -> list[WorkflowRow]:
+    """The ``limit`` most recent workflows of ``using`` (by their newest member), newest
+    first, each with its members per state and its callbacks: three statements, however
+    many workflows (see :data:`RECENT_WORKFLOWS_SQL`)."""
+    if limit < 1:
+        return []
+    with _cursor(using) as cursor:
+        cursor.execute(RECENT_WORKFLOWS_SQL, {"limit": limit})
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return []
+        counts: dict[uuid.UUID, dict[str, int]] = {pk: {} for pk in ids}
+        cursor.execute(WORKFLOW_COUNTS_SQL, {"workflows": ids})
+        for workflow_id, status, n in cursor.fetchall():
+            counts[workflow_id][status] = n
+        callbacks: dict[uuid.UUID, list[WorkflowCallback]] = defaultdict(list)
+        callback_counts: dict[uuid.UUID, int] = {}
+        cursor.execute(WORKFLOW_CALLBACKS_SQL,
+                       {"workflows": ids, "limit": MAX_WORKFLOW_CALLBACKS})
+        for workflow_id, pk, name, status, parents, ended, total in cursor.fetchall():
+            callbacks[workflow_id].append(WorkflowCallback(pk, name, status, parents, ended))
+            callback_counts[workflow_id] = total
+    return [WorkflowRow(pk, counts[pk], callbacks.get(pk, []), callback_counts.get(pk, 0))
+            for pk in ids]
+
+
 def enqueued_boundaries(using: str, marks: list[datetime]) -> dict[datetime, int]:
     """For each time, the first task id enqueued at or after it (see the SQL above); the
     newest id plus one for times after the newest task."""
@@ -429,8 +546,8 @@ def jsonable(snapshot: DatabaseSnapshot) -> dict[str, Any]:
 
 __all__ = [
     "ERROR_GROUP_LENGTH", "DatabaseSnapshot", "ErrorGroup", "HourPoint", "NameCounts",
-    "QueueRow", "StuckTask", "TableEstimate", "WorkerRow", "database_snapshot",
-    "error_group_expression",
-    "failed_in_group", "hourly_chart", "jsonable", "queue_rows", "seconds_text", "stuck_tasks",
-    "table_estimate", "window_start", "workers",
+    "QueueRow", "StuckTask", "TableEstimate", "WorkerRow", "WorkflowCallback", "WorkflowRow",
+    "database_snapshot", "error_group_expression",
+    "failed_in_group", "hourly_chart", "jsonable", "queue_rows", "recent_workflows",
+    "seconds_text", "stuck_tasks", "table_estimate", "window_start", "workers",
 ]
