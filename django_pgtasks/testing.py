@@ -272,7 +272,6 @@ def _describe(tasks: list[Any]) -> str:
 # -- the in-test runner --------------------------------------------------------------------
 
 
-@functools.cache
 def _as_if_committed(alias: str) -> None:
     """Inside the test's transaction, which never commits: release the tasks whose parents
     ended before they were enqueued, as the commit would (models/dependencies.py)."""
@@ -280,6 +279,7 @@ def _as_if_committed(alias: str) -> None:
         dependencies.settle_ended_parents(alias)
 
 
+@functools.cache
 def _inline_runner_class() -> type:
     from django_pgtasks.worker.loop import Worker
 

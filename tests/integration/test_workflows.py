@@ -406,3 +406,18 @@ def test_a_django_task_of_another_backend_is_refused_as_a_step() -> None:
 
     with pytest.raises(InvalidTaskError, match="not a PgTasksBackend"):
         step(dj_tasks.dj_double.using(backend="immediate"), 1)
+
+
+# -- the test helpers, inside a test's transaction -------------------------------------------
+
+
+@pytest.mark.django_db(transaction=False)
+def test_run_eagerly_runs_a_chain_in_order_inside_the_tests_transaction() -> None:
+    from django_pgtasks.testing import run_eagerly
+
+    with run_eagerly():
+        workflow = chain(tasks.wf_add.build(1), tasks.wf_add.build(10)).enqueue()
+        late = Task.objects.enqueue(tasks.wf_add, 100, depends_on=[workflow.tasks[-1]])
+    assert states(workflow) == [(Status.SUCCESSFUL, 1), (Status.SUCCESSFUL, 11),
+                                (Status.SUCCESSFUL, 111)]
+    assert Task.objects.get(pk=late.pk).result == 111
