@@ -17,6 +17,7 @@ from typing import Any
 
 from django.db import connections
 
+from django_pgtasks.exceptions import InvalidTaskError
 from django_pgtasks.lifecycle.rows import fast_cursor
 
 #: The constraint trigger that settles, at commit, the parents that ended before it.
@@ -70,6 +71,68 @@ class Link:
     on_parent_failure: str
     #: ``None``: the workflow of its first parent, else a new one.
     workflow_id: uuid.UUID | None
+
+
+def parent_refs(tasks: Sequence[Any], parents: Sequence[Sequence[Any]], model: type,
+                db: str) -> list[list[tuple[str, int]]]:
+    """Each task's parents, without repeats, as ``("local", index)`` (a task of ``tasks``)
+    or ``("id", pk)`` (a saved task); raises ``InvalidTaskError`` for an empty workflow, a
+    task given twice, a parent that is no task, and tasks waiting for each other in a
+    circle."""
+    if not tasks:
+        raise InvalidTaskError("A workflow needs at least one task.")
+    position = {id(task): i for i, task in enumerate(tasks)}
+    if len(position) != len(tasks):
+        raise InvalidTaskError("A task appears twice in one workflow.")
+    links: list[list[tuple[str, int]]] = []
+    for task, items in zip(tasks, parents, strict=True):
+        seen: dict[tuple[str, int], None] = {}
+        for item in items:
+            seen[parent_ref(item, position, model, db, task.name)] = None
+        links.append(list(seen))
+    refuse_cycles(tasks, links)
+    return links
+
+
+def parent_ref(item: Any, position: dict[int, int], model: type, db: str,
+                name: str) -> tuple[str, int]:
+    """What a parent given to ``TaskManager.enqueue_linked()`` is: a task of the same
+    call (``("local", index)``) or the id of a saved task (``("id", pk)``)."""
+    if id(item) in position:
+        return "local", position[id(item)]
+    if isinstance(item, model):
+        if item.pk is None:
+            raise InvalidTaskError(
+                f"Task {name} depends on an unsaved task ({item.name}) that is not part of "
+                f"the same workflow; enqueue it first or enqueue both together.")
+        if item._state.db and item._state.db != db:
+            raise InvalidTaskError(
+                f"Task {name} depends on task {item.pk} of database {item._state.db!r}; the "
+                f"tasks it depends on must be on its own database ({db!r}).")
+        return "id", item.pk
+    if isinstance(item, int) and not isinstance(item, bool) and 0 < item < 2**63:
+        return "id", item
+    raise InvalidTaskError(
+        f"depends_on takes tasks or their ids, not {type(item).__name__} {item!r:.50}.")
+
+
+def refuse_cycles(tasks: Sequence[Any], links: Sequence[Sequence[tuple[str, int]]]) -> None:
+    """Raise if the tasks of one call wait for each other in a circle (none would ever run).
+    Tasks saved before cannot be part of a circle: they never wait for new ones."""
+    waiting_for = [{index for kind, index in refs if kind == "local"} for refs in links]
+    done: set[int] = set()
+    progress = True
+    while progress:
+        progress = False
+        for i, needs in enumerate(waiting_for):
+            if i not in done and needs <= done:
+                done.add(i)
+                progress = True
+    if len(done) < len(tasks):
+        stuck = sorted({tasks[i].name for i in range(len(tasks)) if i not in done})
+        raise InvalidTaskError(
+            f"The tasks of this workflow wait for each other in a circle ({', '.join(stuck)}); "
+            f"none of them could ever run.")
 
 
 def link(using: str, links: Sequence[Link]) -> dict[int, uuid.UUID]:

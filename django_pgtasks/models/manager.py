@@ -271,22 +271,9 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         tasks = list(tasks)
         if len(parents) != len(tasks):
             raise TypeError("enqueue_linked() takes one list of parents per task.")
-        policies = ([on_parent_failure] * len(tasks) if isinstance(on_parent_failure, str)
-                    else list(on_parent_failure))
-        if len(policies) != len(tasks):
-            raise TypeError("enqueue_linked() takes one on_parent_failure, or one per task.")
-        for policy in policies:
-            if policy not in OnParentFailure.values:
-                raise InvalidTaskError(
-                    f"on_parent_failure must be one of {', '.join(OnParentFailure.values)}, "
-                    f"not {policy!r}.")
-        if not tasks:
-            raise InvalidTaskError("A workflow needs at least one task.")
+        policies = _policies(on_parent_failure, len(tasks))
         if workflow_id is not None and not isinstance(workflow_id, uuid.UUID):
             raise InvalidTaskError(f"workflow_id must be a UUID, not {workflow_id!r}.")
-        position = {id(task): i for i, task in enumerate(tasks)}
-        if len(position) != len(tasks):
-            raise InvalidTaskError("A task appears twice in one workflow.")
         for task in tasks:
             if task.pk is not None or not isinstance(task, self.model):
                 raise TypeError("enqueue_linked() takes unsaved tasks from Task.objects.build().")
@@ -301,14 +288,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                 f"The tasks of a workflow must share one database, not "
                 f"{', '.join(sorted(databases))} (their queues' databases).")
         db = databases.pop()
-        # Each task's parents: ("local", index) or ("id", pk), without repeats.
-        links: list[list[tuple[str, int]]] = []
-        for task, items in zip(tasks, parents, strict=True):
-            seen: dict[tuple[str, int], None] = {}
-            for item in items:
-                seen[_parent_ref(item, position, self.model, db, task.name)] = None
-            links.append(list(seen))
-        _refuse_cycles(tasks, links)
+        links = dependencies.parent_refs(tasks, parents, self.model, db)
         external = sorted({pk for refs in links for kind, pk in refs if kind == "id"})
         absent = dependencies.missing(db, external)
         if absent:
@@ -565,45 +545,18 @@ def _handler(name_or_handler: str | TaskHandler) -> TaskHandler:
     )
 
 
-def _parent_ref(item: Any, position: dict[int, int], model: type, db: str,
-                name: str) -> tuple[str, int]:
-    """What a parent given to :meth:`TaskManager.enqueue_linked` is: a task of the same
-    call (``("local", index)``) or the id of a saved task (``("id", pk)``)."""
-    if id(item) in position:
-        return "local", position[id(item)]
-    if isinstance(item, model):
-        if item.pk is None:
+def _policies(on_parent_failure: str | Sequence[str], count: int) -> list[str]:
+    """One ``on_parent_failure`` per task, each checked."""
+    policies = ([on_parent_failure] * count if isinstance(on_parent_failure, str)
+                else list(on_parent_failure))
+    if len(policies) != count:
+        raise TypeError("enqueue_linked() takes one on_parent_failure, or one per task.")
+    for policy in policies:
+        if policy not in OnParentFailure.values:
             raise InvalidTaskError(
-                f"Task {name} depends on an unsaved task ({item.name}) that is not part of "
-                f"the same workflow; enqueue it first or enqueue both together.")
-        if item._state.db and item._state.db != db:
-            raise InvalidTaskError(
-                f"Task {name} depends on task {item.pk} of database {item._state.db!r}; the "
-                f"tasks it depends on must be on its own database ({db!r}).")
-        return "id", item.pk
-    if isinstance(item, int) and not isinstance(item, bool) and 0 < item < 2**63:
-        return "id", item
-    raise InvalidTaskError(
-        f"depends_on takes tasks or their ids, not {type(item).__name__} {item!r:.50}.")
-
-
-def _refuse_cycles(tasks: Sequence[TaskRow], links: Sequence[Sequence[tuple[str, int]]]) -> None:
-    """Raise if the tasks of one call wait for each other in a circle (none would ever run).
-    Tasks saved before cannot be part of a circle: they never wait for new ones."""
-    waiting_for = [{index for kind, index in refs if kind == "local"} for refs in links]
-    done: set[int] = set()
-    progress = True
-    while progress:
-        progress = False
-        for i, needs in enumerate(waiting_for):
-            if i not in done and needs <= done:
-                done.add(i)
-                progress = True
-    if len(done) < len(tasks):
-        stuck = sorted({tasks[i].name for i in range(len(tasks)) if i not in done})
-        raise InvalidTaskError(
-            f"The tasks of this workflow wait for each other in a circle ({', '.join(stuck)}); "
-            f"none of them could ever run.")
+                f"on_parent_failure must be one of {', '.join(OnParentFailure.values)}, "
+                f"not {policy!r}.")
+    return policies
 
 
 def _first(*values: Any) -> Any:
