@@ -90,25 +90,35 @@ class NameFilter(admin.SimpleListFilter):
         return queryset.filter(name=_checked_param(value, _max_length("name")))
 
 
-class ErrorGroupFilter(admin.SimpleListFilter):
-    """Tasks whose first error line, ids blanked out, equals the value.
+class SelectedOnlyFilter(admin.SimpleListFilter):
+    """A filter reached from links elsewhere (the summary, a task's page, the dashboard),
+    shown in the sidebar only while a value is selected: there is nothing useful to list
+    before, and listing every value would read the whole table."""
 
-    Reached from the summary's error groups; shown in the sidebar only while active, since
-    there is nothing useful to list before a group is chosen.
-    """
+    template = "admin/django_pgtasks/task/selected_only_filter.html"
 
-    title = _("error group")
-    parameter_name = "error_group"
-    template = "admin/django_pgtasks/task/error_group_filter.html"
+    def label(self, value: str) -> str:
+        return value
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
         value = self.value()
-        return [(value, Truncator(value).chars(60))] if value else []
+        return [(value, self.label(value))] if value else []
 
     def has_output(self) -> bool:
         # Django applies only the filters that have output; this one must apply even though
-        # it offers no choices until a group is selected (its template then renders nothing).
+        # it offers no choices until a value is selected (its template then renders nothing).
         return True
+
+
+class ErrorGroupFilter(SelectedOnlyFilter):
+    """Tasks whose first error line, ids blanked out, equals the value (chosen among the
+    summary's error groups)."""
+
+    title = _("error group")
+    parameter_name = "error_group"
+
+    def label(self, value: str) -> str:
+        return Truncator(value).chars(60)
 
     def queryset(self, request: HttpRequest, queryset: TaskQuerySet) -> TaskQuerySet:
         value = self.value()
@@ -118,27 +128,14 @@ class ErrorGroupFilter(admin.SimpleListFilter):
         return queryset.alias(error_group=error_group_expression()).filter(error_group=value)
 
 
-class WorkflowFilter(admin.SimpleListFilter):
-    """The tasks of one workflow (``?workflow=<uuid>``), through the member table's workflow
-    index.
-
-    Reached from a task's page and the dashboard; like the error group, shown in the sidebar
-    only while active: the workflows are never listed (the member table may be huge).
-    """
+class WorkflowFilter(SelectedOnlyFilter):
+    """The tasks of one workflow (``?workflow=<uuid>``, linked from a task's page and the
+    dashboard), through the member table's workflow index."""
 
     title = _("workflow")
     parameter_name = WORKFLOW_PARAM
-    template = "admin/django_pgtasks/task/workflow_filter.html"
     # The longest spelling uuid.UUID() accepts: "urn:uuid:" and 36 characters.
     max_length = 45
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        value = self.value()
-        return [(value, value)] if value else []
-
-    def has_output(self) -> bool:
-        # As for ErrorGroupFilter: it must apply although it offers no choices.
-        return True
 
     def queryset(self, request: HttpRequest, queryset: TaskQuerySet) -> TaskQuerySet:
         value = self.value()

@@ -3,7 +3,9 @@
 - ``emails``: order confirmations. They talk to a mail server, so they run *at least once*:
   the handler's writes commit on their own, and an attempt that fails is retried.
 - ``reports``: daily report rebuilds. They only write to this database, so they run *exactly
-  once* (``atomic=True``): the report and the task's completion commit together.
+  once* (``atomic=True``): the report and the task's completion commit together. They form a
+  workflow (``django_pgtasks.workflows.group``): once every rebuild of a batch has ended,
+  ``summarize_reports`` runs once, with each rebuild's outcome.
 - ``default``: order reviews, whose verdict is kept as the task's result, and the fulfilment
   pipeline (pick, pack, ship), one stage after the other.
 
@@ -109,6 +111,20 @@ def rebuild_daily_report(day: str) -> dict[str, Any]:
     report.revenue = totals["revenue"]
     report.save(update_fields=["order_count", "revenue", "rebuilt_at"])
     return {"day": day, "order_count": report.order_count, "revenue": str(report.revenue)}
+
+
+@pgtask(queue="reports", context=True)
+def summarize_reports(ctx: TaskContext) -> dict[str, Any]:
+    """The callback of a batch of rebuilds: runs once, when every rebuild has ended, and
+    sums up what they found (``ctx.parents()``: each rebuild's status and result)."""
+    outcomes = ctx.parents()
+    rebuilt = [o.result for o in outcomes if o.succeeded]
+    return {
+        "days": len(rebuilt),
+        "failed": len(outcomes) - len(rebuilt),
+        "orders": sum(r["order_count"] for r in rebuilt),
+        "revenue": str(sum((Decimal(r["revenue"]) for r in rebuilt), Decimal("0"))),
+    }
 
 
 # Periodic: every worker runs the scheduler, and each planned run is enqueued exactly once

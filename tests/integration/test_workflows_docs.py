@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from django_pgtasks.base.registry import registered_names
+from django_pgtasks.models import Task
 from tests.conftest import ROOT
 from tests.process.test_docs import code_blocks
 
@@ -29,5 +30,10 @@ def test_every_example_of_the_workflows_guide_runs() -> None:
     for body in runnable:
         # Compiled at its own lines of the page, so that a failure points at the page's line.
         offset = text[:text.index(body)].count("\n")
-        exec(compile("\n" * offset + body, str(PAGE), "exec"), namespace)
+        try:
+            exec(compile("\n" * offset + body, str(PAGE), "exec"), namespace)
+        except AssertionError as exc:
+            rows = Task.objects.order_by("id").values_list(
+                "id", "name", "status", "result", "error_text")
+            raise AssertionError(f"{body}\nfailed; the tasks: {list(rows)}") from exc
     assert "docs_workflows.notify" in registered_names()

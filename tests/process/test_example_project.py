@@ -147,6 +147,12 @@ def test_demo_creates_migrates_seeds_and_drains_a_fresh_database(
         coupons = conn.execute(
             "SELECT count(*) FROM shop_notification WHERE subject LIKE '%%coupon for you'"
         ).fetchone()[0]
+        rebuilds = conn.execute(
+            "SELECT count(*), max(finished_at) FROM pgtasks_task "
+            "WHERE name = 'shop.tasks.rebuild_daily_report'").fetchone()
+        summaries = conn.execute(
+            "SELECT status, result, started_at FROM pgtasks_task "
+            "WHERE name = 'shop.tasks.summarize_reports'").fetchall()
         periodic = conn.execute(
             "SELECT name, last_task_id IS NOT NULL FROM pgtasks_schedule"
         ).fetchall()
@@ -183,6 +189,7 @@ def test_demo_creates_migrates_seeds_and_drains_a_fresh_database(
         "shop.tasks.refresh_todays_report",  # periodic, run once at start
         "shop.tasks.pick_order", "shop.tasks.pack_order", "shop.tasks.ship_order",  # pipeline
         "shop.tasks.send_loyalty_coupon",  # Django's @task API
+        "shop.tasks.summarize_reports",  # the callback of the rebuilds' group
     }
     assert {(t[2], t[3]) for t in others} == {("SUCCESSFUL", 1)}
     assert stages == [("pack", "SUCCESSFUL", 7), ("pick", "SUCCESSFUL", 7),
@@ -190,6 +197,11 @@ def test_demo_creates_migrates_seeds_and_drains_a_fresh_database(
     assert (shipped, coupons) == (7, 4)
     assert periodic == [("shop.tasks.refresh_todays_report", True)]
     assert reports
+    # The workflow: the summary ran once, after every rebuild had ended, with their outcomes.
+    [(status, result, started_at)] = summaries
+    assert status == "SUCCESSFUL"
+    assert (result["days"], result["failed"]) == (rebuilds[0], 0)
+    assert started_at > rebuilds[1]
     for order_count, revenue, actual_count, actual_revenue in reports:
         assert (order_count, revenue) == (actual_count, Decimal(actual_revenue))
 

@@ -53,6 +53,7 @@ from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.dev import is_embedded
 from django_pgtasks.models import Schedule, Status, Task
 from django_pgtasks.worker.loop import Worker
+from django_pgtasks.workflows import group
 from shop.models import Customer, Order
 from shop.tasks import (
     FLAKY_DOMAIN,
@@ -61,6 +62,7 @@ from shop.tasks import (
     review_order,
     send_loyalty_coupon,
     send_order_confirmation,
+    summarize_reports,
 )
 
 DEFAULT_ORDERS = 150
@@ -460,9 +462,11 @@ def seed(order_count: int, rng: random.Random) -> Seeded:
         # Built and inserted in one statement, in the orders' transaction: no worker sees a
         # task before its order exists, and a failed import leaves neither behind.
         tasks = Task.objects.enqueue_many(
-            [send_order_confirmation.build(order.pk) for order in orders]
-            + [rebuild_daily_report.build(day.isoformat()) for day in days]
-        )
+            send_order_confirmation.build(order.pk) for order in orders)
+        # A workflow: the rebuilds run in parallel, and once all have ended the summary runs
+        # once, with their outcomes (docs/howto/workflows.md).
+        reports = group([rebuild_daily_report.build(day.isoformat()) for day in days],
+                        then=summarize_reports.build()).enqueue()
 
     # Customers change their minds: these orders are gone before anyone confirms them. The
     # rebuilds queued above have not run yet, so the reports will not count them either.
@@ -487,7 +491,7 @@ def seed(order_count: int, rng: random.Random) -> Seeded:
             coupons += 1
     return Seeded(
         customers=len(customers), orders=len(orders), withdrawn=len(withdrawn),
-        tasks=len(tasks) + len(reviews) + len(pipelines) + coupons,
+        tasks=len(tasks) + len(reports.tasks) + len(reviews) + len(pipelines) + coupons,
         pipelines=len(pipelines), coupons=coupons,
     )
 
