@@ -4,8 +4,8 @@
   ``has_dependents``; the check of the states is replaced without a long lock (added
   ``NOT VALID``, then validated, which does not block writes).
 - ``pgtasks_dependency`` (one edge per parent) and ``pgtasks_workflow_member`` (a task's
-  workflow and its count of parents not ended). Their rows go with their task: a foreign key
-  ``ON DELETE CASCADE`` on the child (the purge deletes with SQL, not the ORM).
+  workflow and its count of parents not ended). Their rows go with their task, through
+  triggers on DELETE and TRUNCATE (the purge deletes with SQL, not the ORM).
 - The functions and triggers that release a task in the transaction that ends its last
   parent, and the deferred check at the enqueuing transaction's commit. Their text is frozen
   here, as it was when this migration was written.
@@ -28,16 +28,43 @@ ALTER TABLE pgtasks_task ADD CONSTRAINT pgtasks_task_status_valid CHECK (status 
     'READY', 'RUNNING', 'AWAITING_RETRY', 'SUCCESSFUL', 'FAILED', 'CANCELLED'));
 """
 
+# A task's edges and membership go with it, whatever deletes it (the purge and the archive
+# delete with SQL): one statement-level trigger per DELETE, which reads the deleted ids from
+# its transition table. A TRUNCATE of the task table empties both tables too. (Foreign keys
+# would refuse a plain TRUNCATE pgtasks_task, and check each deleted row on its own.)
 CASCADES = """
-ALTER TABLE pgtasks_dependency ADD CONSTRAINT pgtasks_dependency_child_fk
-    FOREIGN KEY (child_id) REFERENCES pgtasks_task (id) ON DELETE CASCADE;
-ALTER TABLE pgtasks_workflow_member ADD CONSTRAINT pgtasks_workflow_member_task_fk
-    FOREIGN KEY (task_id) REFERENCES pgtasks_task (id) ON DELETE CASCADE;
+CREATE FUNCTION pgtasks_tasks_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM pgtasks_dependency d USING pgtasks_deleted_tasks g WHERE d.child_id = g.id;
+    DELETE FROM pgtasks_workflow_member m USING pgtasks_deleted_tasks g WHERE m.task_id = g.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION pgtasks_tasks_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    -- DELETE, not TRUNCATE: a TRUNCATE naming these tables too (Django's flush) is running.
+    DELETE FROM pgtasks_dependency;
+    DELETE FROM pgtasks_workflow_member;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER pgtasks_task_deleted
+    AFTER DELETE ON pgtasks_task
+    REFERENCING OLD TABLE AS pgtasks_deleted_tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtasks_tasks_deleted();
+
+CREATE TRIGGER pgtasks_task_truncated
+    AFTER TRUNCATE ON pgtasks_task
+    FOR EACH STATEMENT EXECUTE FUNCTION pgtasks_tasks_truncated();
 """
 
 CASCADES_REVERSE = """
-ALTER TABLE pgtasks_workflow_member DROP CONSTRAINT pgtasks_workflow_member_task_fk;
-ALTER TABLE pgtasks_dependency DROP CONSTRAINT pgtasks_dependency_child_fk;
+DROP TRIGGER IF EXISTS pgtasks_task_truncated ON pgtasks_task;
+DROP TRIGGER IF EXISTS pgtasks_task_deleted ON pgtasks_task;
+DROP FUNCTION IF EXISTS pgtasks_tasks_truncated();
+DROP FUNCTION IF EXISTS pgtasks_tasks_deleted();
 """
 
 RELEASE = r"""

@@ -222,6 +222,14 @@ def test_a_purged_child_takes_its_edges_and_membership_along() -> None:
     assert not WorkflowMember.objects.filter(workflow_id=workflow.id).exists()
 
 
+def test_the_task_table_can_still_be_truncated_alone() -> None:
+    chain(tasks.wf_add.build(1), tasks.wf_add.build(2)).enqueue()
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE pgtasks_task")
+    assert not Dependency.objects.exists()
+    assert not WorkflowMember.objects.exists()
+
+
 # -- operators -------------------------------------------------------------------------------
 
 
