@@ -60,7 +60,8 @@ class TaskActionsMixin:
                 explanation=_(
                     "Failed, cancelled and waiting tasks become due at once; a task whose "
                     "attempts are used up gets one more. Running and successful tasks are "
-                    "skipped, and so is a finished task whose deduplication key another "
+                    "skipped, and so are tasks waiting for the tasks they depend on (they run "
+                    "when those end) and a finished task whose deduplication key another "
                     "waiting or running task holds now."
                 ),
             )
@@ -68,7 +69,8 @@ class TaskActionsMixin:
         changed = queryset.retry_now()
         self.report_bulk_change(
             request, _("Retry now"), before, changed,
-            {Status.RUNNING: _("running"), Status.SUCCESSFUL: _("successful")},
+            {Status.RUNNING: _("running"), Status.SUCCESSFUL: _("successful"),
+             Status.WAITING: _("waiting for the tasks they depend on")},
         )
         return None
 
@@ -80,9 +82,11 @@ class TaskActionsMixin:
             return self.render_action_confirmation(
                 request, queryset, "cancel_selected", title=_("Cancel tasks"),
                 explanation=_(
-                    "Tasks that have not started (ready or awaiting retry) are cancelled and "
-                    "will not run. Running tasks are asked to stop: their handler sees the "
-                    "request and the task ends cancelled when it stops (a handler that "
+                    "Tasks that have not started (ready, awaiting retry or waiting for the "
+                    "tasks they depend on) are cancelled and will not run; the tasks that "
+                    "depend on them see a parent that did not succeed. Running tasks are "
+                    "asked to stop: their handler sees the request and the task ends "
+                    "cancelled when it stops (a handler that "
                     "finishes its work anyway ends successful). Finished tasks are skipped."
                 ),
             )
@@ -112,8 +116,9 @@ class TaskActionsMixin:
             return self.render_action_confirmation(
                 request, queryset, "change_priority_selected", title=_("Change priority"),
                 explanation=_(
-                    "Only waiting tasks (ready or awaiting retry) change; the new priority "
-                    "applies from their next claim. Running and finished tasks are skipped."
+                    "Only tasks that have not started (ready, awaiting retry or waiting for "
+                    "the tasks they depend on) change; the new priority applies from their "
+                    "next claim. Running and finished tasks are skipped."
                 ),
                 form=form,
             )

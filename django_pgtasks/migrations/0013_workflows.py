@@ -1,7 +1,7 @@
 """Workflows: tasks that wait for other tasks to end (django_pgtasks.models.dependencies).
 
-- ``pgtasks_task`` gets the state ``WAITING`` (outside the claim index's range) and the flag
-  ``has_dependents``; the check of the states is replaced without a long lock (added
+- ``pgtasks_task`` gets the state ``WAITING`` (outside the claim index's range, counted per
+  queue by ``pgtasks_task_waiting_idx``) and the flag ``has_dependents``; the check of the states is replaced without a long lock (added
   ``NOT VALID``, then validated, which does not block writes).
 - ``pgtasks_dependency`` (one edge per parent) and ``pgtasks_workflow_member`` (a task's
   workflow and its count of parents not ended). Their rows go with their task, through
@@ -429,6 +429,14 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
+        ),
+        migrations.AddIndex(
+            model_name="task",
+            index=models.Index(
+                condition=models.Q(("status", "WAITING")),
+                fields=["queue"],
+                name="pgtasks_task_waiting_idx",
+            ),
         ),
         migrations.RunSQL(CASCADES, CASCADES_REVERSE),
         migrations.RunSQL(RELEASE, RELEASE_REVERSE),

@@ -122,6 +122,13 @@ class Task(TaskFields):
                 condition=Q(status__in=FINISHED),
                 name="pgtasks_task_finished_idx",
             ),
+            # Tasks waiting for the tasks they depend on, per queue (statistics): empty
+            # unless workflows are used.
+            models.Index(
+                fields=["queue"],
+                condition=Q(status=Status.WAITING),
+                name="pgtasks_task_waiting_idx",
+            ),
             # Per-key concurrency (django_pgtasks.lifecycle.claim): the running tasks of a key, and
             # which queues hold waiting keyed tasks. Both are empty unless keys are used.
             models.Index(

@@ -96,6 +96,9 @@ LIVE_SQL = """
     SELECT queue, name, status, true, count(*),
            extract(epoch FROM now() - min(locked_at))::float8
     FROM pgtasks_task WHERE status = 'RUNNING' GROUP BY 1, 2, 3
+    UNION ALL
+    SELECT queue, name, status, false, count(*), NULL::float8
+    FROM pgtasks_task WHERE status = 'WAITING' GROUP BY 1, 2, 3
 """
 
 # The tasks that ended since %(since)s, in one pass over that range of the finished index:
@@ -271,14 +274,15 @@ def queue_rows(using: str, now: datetime) -> list[QueueRow]:
 class _Live:
     """The live tasks of one database, from one pass (:data:`LIVE_SQL`)."""
 
-    #: queue -> [waiting, scheduled, running, oldest waiting age, longest running age]
+    #: queue -> [waiting, scheduled, running, oldest waiting age, longest running age,
+    #: waiting for parents]
     queues: dict[str, list[Any]]
     #: name -> status -> count
     names: dict[str, dict[str, int]]
 
 
 def _read_live(using: str) -> _Live:
-    queues: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, None, None])
+    queues: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, None, None, 0])
     names: dict[str, dict[str, int]] = defaultdict(dict)
     with _cursor(using) as cursor:
         cursor.execute(LIVE_SQL)
@@ -288,6 +292,8 @@ def _read_live(using: str) -> _Live:
             if status == "RUNNING":
                 row[2] += n
                 row[4] = age if row[4] is None else max(row[4], age)
+            elif status == "WAITING":
+                row[5] += n
             elif due:
                 row[0] += n
                 row[3] = age if row[3] is None else max(row[3], age)
@@ -335,10 +341,10 @@ def _queue_rows(using: str, live: _Live, last_hour: dict[str, list[int]]) -> lis
     others = sorted((set(live.queues) | set(last_hour)) - set(configured))
     rows = []
     for queue in configured + others:
-        waiting, scheduled, running, oldest, longest = live.queues.get(
-            queue, [0, 0, 0, None, None])
+        waiting, scheduled, running, oldest, longest, blocked = live.queues.get(
+            queue, [0, 0, 0, None, None, 0])
         rows.append(QueueRow(queue, waiting, scheduled, running, oldest, longest,
-                             *last_hour.get(queue, (0, 0, 0))))
+                             *last_hour.get(queue, (0, 0, 0)), waiting_for_parents=blocked))
     return rows
 
 

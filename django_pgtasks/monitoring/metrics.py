@@ -11,7 +11,8 @@ Each scrape runs the bounded queries of :mod:`django_pgtasks.monitoring.dashboar
 database
 that holds queues and reports, labelled by ``database`` and ``queue``:
 
-- ``pgtasks_tasks_waiting``, ``pgtasks_tasks_scheduled``, ``pgtasks_tasks_running``;
+- ``pgtasks_tasks_waiting``, ``pgtasks_tasks_scheduled``, ``pgtasks_tasks_running``,
+  ``pgtasks_tasks_waiting_for_parents`` (workflows);
 - ``pgtasks_oldest_waiting_seconds`` and ``pgtasks_longest_running_seconds``;
 - ``pgtasks_tasks_finished_last_hour`` (also by ``status``);
 - ``pgtasks_tasks_stuck`` and ``pgtasks_workers`` (by ``state``: alive or lost).
@@ -83,6 +84,9 @@ class QueueCollector(Collector):
             labels=labels)
         running = GaugeMetricFamily(
             "pgtasks_tasks_running", "Tasks claimed by a worker.", labels=labels)
+        blocked = GaugeMetricFamily(
+            "pgtasks_tasks_waiting_for_parents",
+            "Tasks waiting for the tasks they depend on to end (workflows).", labels=labels)
         oldest = GaugeMetricFamily(
             "pgtasks_oldest_waiting_seconds",
             "Seconds since the oldest waiting task became due (0 when none waits).",
@@ -108,6 +112,7 @@ class QueueCollector(Collector):
                 waiting.add_metric(key, q.waiting)
                 scheduled.add_metric(key, q.scheduled)
                 running.add_metric(key, q.running)
+                blocked.add_metric(key, q.waiting_for_parents)
                 oldest.add_metric(key, q.oldest_waiting or 0.0)
                 longest.add_metric(key, q.longest_running or 0.0)
                 for status, n in (("SUCCESSFUL", q.succeeded_last_hour),
@@ -119,7 +124,8 @@ class QueueCollector(Collector):
             lost = sum(1 for w in rows if w.lost)
             workers.add_metric([alias, "alive"], len(rows) - lost)
             workers.add_metric([alias, "lost"], lost)
-        yield from (waiting, scheduled, running, oldest, longest, finished, stuck, workers)
+        yield from (waiting, scheduled, running, blocked, oldest, longest, finished, stuck,
+                    workers)
 
 
 # -- counters fed by the signals ------------------------------------------------------------

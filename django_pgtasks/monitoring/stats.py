@@ -19,7 +19,7 @@ the task table, not the archive.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,26 +29,33 @@ from django_pgtasks.conf import pgtasks_settings
 
 # -- queue sizes ----------------------------------------------------------------------------
 
-# Two index-backed parts glued by UNION ALL, rather than one scan with status IN (pending +
-# running), which neither partial index covers: the pending part reads pgtasks_task_claim_idx
-# (queue and run_after are in it, so an index-only scan suffices), the running part reads
-# pgtasks_task_running_idx. Ages are seconds on the database clock.
+# Index-backed parts glued by UNION ALL, rather than one scan with status IN (pending +
+# running + waiting for parents), which no partial index covers: the pending part reads
+# pgtasks_task_claim_idx (queue and run_after are in it, so an index-only scan suffices), the
+# running part pgtasks_task_running_idx, the part waiting for parents pgtasks_task_waiting_idx.
+# Ages are seconds on the database clock.
 QUEUE_SIZES_SQL = """
     SELECT queue, sum(waiting)::bigint, sum(scheduled)::bigint, sum(running)::bigint,
            extract(epoch FROM now() - min(oldest_due))::float8,
-           extract(epoch FROM now() - min(oldest_lock))::float8
+           extract(epoch FROM now() - min(oldest_lock))::float8,
+           sum(blocked)::bigint
     FROM (
         SELECT queue,
                count(*) FILTER (WHERE run_after <= now()) AS waiting,
                count(*) FILTER (WHERE run_after > now()) AS scheduled,
                0 AS running,
                min(run_after) FILTER (WHERE run_after <= now()) AS oldest_due,
-               NULL::timestamptz AS oldest_lock
+               NULL::timestamptz AS oldest_lock,
+               0 AS blocked
         FROM pgtasks_task WHERE status IN ('READY', 'AWAITING_RETRY')
         GROUP BY queue
         UNION ALL
-        SELECT queue, 0, 0, count(*), NULL, min(locked_at)
+        SELECT queue, 0, 0, count(*), NULL, min(locked_at), 0
         FROM pgtasks_task WHERE status = 'RUNNING'
+        GROUP BY queue
+        UNION ALL
+        SELECT queue, 0, 0, 0, NULL, NULL, count(*)
+        FROM pgtasks_task WHERE status = 'WAITING'
         GROUP BY queue
     ) AS parts
     GROUP BY queue
@@ -68,17 +75,21 @@ class QueueSize:
     oldest_waiting: float | None
     #: Seconds since the longest running task was claimed; ``None`` when nothing runs.
     longest_running: float | None
+    #: Waiting for the tasks they depend on to end (workflows): not claimable yet.
+    waiting_for_parents: int = field(default=0, kw_only=True)
 
 
 def queue_sizes(using: str | None = None) -> list[QueueSize]:
-    """Per queue: waiting, scheduled and running tasks, oldest waiting age, longest run.
+    """Per queue: waiting, scheduled and running tasks, oldest waiting age, longest run, and
+    tasks waiting for the tasks they depend on.
 
     Every queue in ``PGTASKS["QUEUES"]`` is listed (with zeros when empty), then any other
     queue that still has tasks, by name.
     """
     with connections[using or pgtasks_settings.DATABASE].cursor() as cursor:
         cursor.execute(QUEUE_SIZES_SQL)
-        found = {row[0]: QueueSize(*row) for row in cursor.fetchall()}
+        found = {row[0]: QueueSize(*row[:6], waiting_for_parents=row[6])
+                 for row in cursor.fetchall()}
     configured = pgtasks_settings.queue_names
     names = configured + sorted(set(found) - set(configured))
     return [found.get(name) or QueueSize(name, 0, 0, 0, None, None) for name in names]

@@ -71,6 +71,7 @@ def test_queue_gauges_per_database_and_queue(client: Client) -> None:
     insert(1, Status.FAILED)
     insert(5, Status.SUCCESSFUL, extra="now() - interval '3 hours'")  # not in the last hour
     insert(1, Status.READY, queue="emails")
+    insert(3, Status.WAITING, queue="emails")
     WorkerProcess.objects.create(name="alive", hostname="h", pid=1, concurrency=1)
 
     samples = scrape(client)
@@ -87,6 +88,9 @@ def test_queue_gauges_per_database_and_queue(client: Client) -> None:
                  **default) == 3
     assert value(samples, "pgtasks_tasks_finished_last_hour", status="FAILED", **default) == 1
     assert value(samples, "pgtasks_tasks_waiting", database="default", queue="emails") == 1
+    assert value(samples, "pgtasks_tasks_waiting_for_parents", database="default",
+                 queue="emails") == 3
+    assert value(samples, "pgtasks_tasks_waiting_for_parents", **default) == 0
     assert value(samples, "pgtasks_tasks_waiting", database="default", queue="urgent") == 0
     # The running tasks belong to no registered worker and their lease is two hours old.
     assert value(samples, "pgtasks_tasks_stuck", database="default") == 2

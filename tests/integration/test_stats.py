@@ -67,6 +67,7 @@ def test_queue_sizes_count_waiting_scheduled_and_running_with_ages(
     insert(1, status=Status.AWAITING_RETRY, run_after="now() + interval '5 minutes'")
     insert(2, status=Status.RUNNING, locked_at="now() - i * interval '45 seconds'")
     insert(4, status=Status.SUCCESSFUL)  # finished: not counted
+    insert(5, status=Status.WAITING)  # waiting for the tasks they depend on
     # A queue removed from QUEUES that still has a waiting task.
     insert(1, queue="legacy", status=Status.READY, run_after="now() - interval '1 hour'")
     for status in (Status.FAILED, Status.CANCELLED):
@@ -78,6 +79,7 @@ def test_queue_sizes_count_waiting_scheduled_and_running_with_ages(
     assert list(sizes) == ["default", "emails", "urgent", "legacy"]  # configured ones first
     default = sizes["default"]
     assert (default.waiting, default.scheduled, default.running) == (4, 3, 2)
+    assert default.waiting_for_parents == 5
     assert default.oldest_waiting == pytest.approx(600, abs=5)
     assert default.longest_running == pytest.approx(90, abs=5)
     assert sizes["emails"] == stats.QueueSize("emails", 0, 0, 0, None, None)
@@ -271,9 +273,10 @@ def seeded() -> None:
 def test_command_prints_readable_tables(seeded) -> None:
     output = stats_command()
     lines = output.splitlines()
-    assert re.search(r"^default\s+3\s+0\s+1\s+10m0\ds\s+2m0\ds\s+9\s+1$", output,
+    assert re.search(r"^default\s+3\s+0\s+1\s+0\s+10m0\ds\s+2m0\ds\s+9\s+1$", output,
                      re.MULTILINE), output
-    assert re.search(r"^emails\s+0\s+0\s+0\s+-\s+-\s+0\s+0$", output, re.MULTILINE), output
+    assert re.search(r"^emails\s+0\s+0\s+0\s+0\s+-\s+-\s+0\s+0$", output,
+                     re.MULTILINE), output
     assert re.search(r"^mail\.send\s+9\s+1\s+0\s+10\.0%\s+2\.000s", output, re.MULTILINE), output
     assert re.search(r"^\d{4}-\d\d-\d\d \d\d:00\s+9\s+1\s+0$", output, re.MULTILINE), output
     assert "Tasks ended per hour (last 24 h)" in lines
@@ -292,7 +295,8 @@ def test_command_json_has_the_api_numbers(seeded) -> None:
     [data] = document["databases"]
     assert data["database"] == "default"
     assert data["queues"][0] == {"queue": "default", "waiting": 3, "scheduled": 0,
-                                 "running": 1, "oldest_waiting": pytest.approx(600, abs=5),
+                                 "running": 1, "waiting_for_parents": 0,
+                                 "oldest_waiting": pytest.approx(600, abs=5),
                                  "longest_running": pytest.approx(120, abs=5),
                                  "succeeded_last_hour": 9, "failed_last_hour": 1,
                                  "cancelled_last_hour": 0, "finished_last_hour": 10}

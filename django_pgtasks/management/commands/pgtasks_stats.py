@@ -136,9 +136,9 @@ class Command(BaseCommand):
 
     def render_database(self, data: dict[str, Any], hours: int) -> str:
         queues = table(
-            ["queue", "waiting", "scheduled", "running", "oldest waiting", "longest running",
-             "ok/1h", "failed/1h"],
-            [[q["queue"], q["waiting"], q["scheduled"], q["running"],
+            ["queue", "waiting", "scheduled", "running", "on parents", "oldest waiting",
+             "longest running", "ok/1h", "failed/1h"],
+            [[q["queue"], q["waiting"], q["scheduled"], q["running"], q["waiting_for_parents"],
               seconds_text(q["oldest_waiting"]), seconds_text(q["longest_running"]),
               q["succeeded_last_hour"], q["failed_last_hour"]]
              for q in data["queues"]],
