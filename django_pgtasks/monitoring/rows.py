@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django_pgtasks.models import LIVE
+from django_pgtasks.models import LIVE, Status
 from django_pgtasks.monitoring.stats import QueueSize
 
 
@@ -152,7 +152,8 @@ class DatabaseSnapshot:
 
     @property
     def live_statuses(self) -> list[str]:
-        return list(LIVE)
+        """The states counted as they are now (the others: within the window)."""
+        return [Status.WAITING, *LIVE]
 
 
 # -- queries -----------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ def test_counts_per_name_and_status_now_and_in_the_window(admin_client: Client) 
     insert(2, name="mail.send", status=Status.READY, ended=None)
     insert(1, name="mail.send", status=Status.RUNNING, ended=None, locked_by="w1",
            locked_at="now()")
+    insert(3, name="mail.send", status=Status.WAITING, ended=None)
     insert(5, name="mail.send", ended="now() - interval '1 hour'")
     insert(9, name="mail.send", ended="now() - interval '3 days'")  # outside 24 h
     insert(1, name="report.build", status=Status.FAILED, error="Boom ",
@@ -106,13 +107,14 @@ def test_counts_per_name_and_status_now_and_in_the_window(admin_client: Client) 
     assert list(rows) == ["mail.send", "report.build"]
     counts = dict(zip(Status.values, (c["count"] for c in rows["mail.send"]["cells"]),
                       strict=True))
-    assert counts == {"WAITING": 0, "READY": 2, "RUNNING": 1, "AWAITING_RETRY": 0,
+    assert counts == {"WAITING": 3, "READY": 2, "RUNNING": 1, "AWAITING_RETRY": 0,
                       "SUCCESSFUL": 5, "FAILED": 0, "CANCELLED": 0}
-    assert rows["mail.send"]["total"] == 8
+    assert rows["mail.send"]["total"] == 11
     # Each cell lists exactly the tasks it counted (the window is part of the link).
     cells = dict(zip(Status.values, rows["mail.send"]["cells"], strict=True))
     assert len(listed(admin_client.get(cells["SUCCESSFUL"]["url"]))) == 5
     assert len(listed(admin_client.get(cells["READY"]["url"]))) == 2
+    assert len(listed(admin_client.get(cells["WAITING"]["url"]))) == 3
 
     # A wider window counts the older ones too.
     week = admin_client.get(DASHBOARD, {"hours": str(24 * 7)})
