@@ -6,3 +6,9 @@ from django_pgtasks import pgtask
 @pgtask(name="bench.noop")
 def noop() -> None:
     """Does nothing."""
+
+
+@pgtask(name="bench.collect", context=True)
+def collect(context) -> int:
+    """A workflow step that reads how the tasks it waited for ended (bench/workflows.py)."""
+    return len(context.parents())

@@ -33,14 +33,14 @@ LINK_SQL = """
         FROM unnest(%b::bigint[], %b::bigint[]) WITH ORDINALITY AS e(child, parent, n)
         ORDER BY e.n
     )
-    INSERT INTO pgtasks_workflow_member (task_id, workflow_id, remaining, on_parent_failure,
-                                         created_at)
+    INSERT INTO pgtasks_workflow_member (task_id, workflow_id, remaining, outside_parents,
+                                         on_parent_failure, created_at)
     SELECT m.task,
            coalesce(m.workflow, (SELECT w.workflow_id FROM pgtasks_workflow_member w
                                  WHERE w.task_id = m.first_parent), gen_random_uuid()),
-           m.remaining, m.policy, now()
-    FROM unnest(%b::bigint[], %b::uuid[], %b::bigint[], %b::int[], %b::text[])
-         AS m(task, workflow, first_parent, remaining, policy)
+           m.remaining, m.outside, m.policy, now()
+    FROM unnest(%b::bigint[], %b::uuid[], %b::bigint[], %b::int[], %b::bool[], %b::text[])
+         AS m(task, workflow, first_parent, remaining, outside, policy)
     RETURNING task_id, workflow_id
 """
 
@@ -69,6 +69,9 @@ class Link:
     task_id: int
     parent_ids: Sequence[int]
     on_parent_failure: str
+    #: Whether some parents were saved before this transaction: they are checked again at
+    #: its commit (a parent of the same transaction cannot end before it).
+    outside_parents: bool
     #: ``None``: the workflow of its first parent, else a new one.
     workflow_id: uuid.UUID | None
 
@@ -150,6 +153,7 @@ def link(using: str, links: Sequence[Link]) -> dict[int, uuid.UUID]:
         [item.workflow_id for item in links],
         [item.parent_ids[0] if item.parent_ids else None for item in links],
         [len(item.parent_ids) for item in links],
+        [item.outside_parents for item in links],
         [item.on_parent_failure for item in links],
     ]
     with fast_cursor(using) as cursor:

@@ -68,67 +68,79 @@ DROP FUNCTION IF EXISTS pgtasks_tasks_deleted();
 """
 
 RELEASE = r"""
+-- Every statement below finds its rows through an index from the ids it is given (= ANY of
+-- an array, or one id): these run once per ended parent, in the outcome's transaction, and a
+-- join the planner turned into a scan of a large table would cost every outcome.
+
 -- Settle the waiting tasks among p_children that have no parent left to wait for: READY if
 -- every parent succeeded or its policy is 'run', else CANCELLED ('skip') or FAILED ('fail'),
--- naming the first parent (by edge order) that did not succeed. Ending a task here is an end
+-- naming the parent (of the lowest id) that did not succeed. Ending a task here is an end
 -- its own dependents see, through the trigger below.
-CREATE FUNCTION pgtasks_settle(p_children bigint[]) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION pgtasks_settle(p_children bigint[]) RETURNS void LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_child record;
+    v_failed text;
+    v_status text;
 BEGIN
-    WITH verdict AS (
-        SELECT m.task_id, m.on_parent_failure AS policy,
-               (SELECT 'task ' || d.parent_id || ' ended ' || coalesce(d.parent_status, 'DELETED')
-                FROM pgtasks_dependency d
-                WHERE d.child_id = m.task_id
-                  AND d.parent_status IS DISTINCT FROM 'SUCCESSFUL'
-                ORDER BY d.id LIMIT 1) AS failed_parent
-        FROM pgtasks_workflow_member m
-        WHERE m.task_id = ANY (p_children) AND m.remaining <= 0
-    ), decided AS (
-        SELECT task_id, failed_parent,
-               CASE WHEN failed_parent IS NULL OR policy = 'run' THEN 'READY'
-                    WHEN policy = 'fail' THEN 'FAILED' ELSE 'CANCELLED' END AS status
-        FROM verdict
-    )
-    UPDATE pgtasks_task t SET
-        status = v.status,
-        finished_at = CASE WHEN v.status = 'READY' THEN NULL ELSE now() END,
-        error_text = CASE WHEN v.status = 'READY' THEN t.error_text
-                          ELSE 'django_pgtasks.exceptions.ParentFailed: a task it depends on did '
-                               || 'not succeed (' || v.failed_parent || ').' END,
-        updated_at = now()
-    FROM decided v
-    WHERE t.id = v.task_id AND t.status = 'WAITING';
+    -- One simple statement per child (most calls settle one): each keeps one cached plan,
+    -- where a join of the three tables would be planned anew on every call.
+    FOR v_child IN
+        SELECT task_id, on_parent_failure FROM pgtasks_workflow_member
+        WHERE task_id = ANY (p_children) AND remaining <= 0
+        ORDER BY task_id
+    LOOP
+        -- The order of the unique index (child_id, parent_id): ORDER BY id LIMIT 1 would walk
+        -- the primary key of the whole table when every parent succeeded.
+        SELECT 'task ' || parent_id || ' ended ' || coalesce(parent_status, 'DELETED')
+        INTO v_failed
+        FROM pgtasks_dependency
+        WHERE child_id = v_child.task_id AND parent_status IS DISTINCT FROM 'SUCCESSFUL'
+        ORDER BY child_id, parent_id LIMIT 1;
+        v_status := CASE WHEN v_failed IS NULL OR v_child.on_parent_failure = 'run' THEN 'READY'
+                         WHEN v_child.on_parent_failure = 'fail' THEN 'FAILED'
+                         ELSE 'CANCELLED' END;
+        UPDATE pgtasks_task SET
+            status = v_status,
+            finished_at = CASE WHEN v_status = 'READY' THEN NULL ELSE now() END,
+            error_text = CASE WHEN v_status = 'READY' THEN error_text
+                              ELSE 'django_pgtasks.exceptions.ParentFailed: a task it depends '
+                                   || 'on did not succeed (' || v_failed || ').' END,
+            updated_at = now()
+        WHERE id = v_child.task_id AND status = 'WAITING';
+    END LOOP;
 END
 $$;
 
--- Parents p_parents ended (p_statuses: how): their unresolved edges record it and are counted
--- off their children (the member rows serialize the ends of one child's parents, so exactly
--- one of them brings the count to zero), and the children with none left are settled.
+-- Parents p_parents ended (p_statuses: how): each one's unresolved edges record it and are
+-- counted off their children (a child's member row serializes the ends of its parents, so
+-- exactly one of them brings the count to zero), and the children with none left are
+-- settled.
 CREATE FUNCTION pgtasks_resolve(p_parents bigint[], p_statuses text[]) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_children bigint[];
+    v_settled bigint[];
 BEGIN
-    WITH ended AS (
-        SELECT * FROM unnest(p_parents, p_statuses) AS e(id, status)
-    ), resolved AS (
-        UPDATE pgtasks_dependency d SET resolved = true, parent_status = e.status
-        FROM ended e
-        WHERE d.parent_id = e.id AND NOT d.resolved
-        RETURNING d.child_id
-    ), counted AS (
-        SELECT child_id, count(*) AS n FROM resolved GROUP BY child_id
-    ), lowered AS (
-        UPDATE pgtasks_workflow_member m SET remaining = m.remaining - c.n
-        FROM counted c
-        WHERE m.task_id = c.child_id
-        RETURNING m.task_id, m.remaining
-    )
-    SELECT array_agg(task_id ORDER BY task_id) INTO v_children
-    FROM lowered WHERE remaining <= 0;
-    IF v_children IS NOT NULL THEN
-        PERFORM pgtasks_settle(v_children);
-    END IF;
+    FOR i IN 1 .. coalesce(array_length(p_parents, 1), 0) LOOP
+        WITH resolved AS (
+            UPDATE pgtasks_dependency SET resolved = true, parent_status = p_statuses[i]
+            WHERE parent_id = p_parents[i] AND NOT resolved
+            RETURNING child_id
+        )
+        SELECT array_agg(child_id ORDER BY child_id) INTO v_children FROM resolved;
+        CONTINUE WHEN v_children IS NULL;
+        WITH lowered AS (
+            UPDATE pgtasks_workflow_member SET remaining = remaining - 1
+            WHERE task_id = ANY (v_children)
+            RETURNING task_id, remaining
+        )
+        SELECT array_agg(task_id ORDER BY task_id) INTO v_settled
+        FROM lowered WHERE remaining <= 0;
+        IF v_settled IS NOT NULL THEN
+            PERFORM pgtasks_settle(v_settled);
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -136,31 +148,28 @@ $$;
 -- unresolved and counted back onto their children, and children that were released or ended
 -- wait again with their attempts afresh (an ended child re-opens its own children in turn).
 -- A child running at that moment is left to finish.
-CREATE FUNCTION pgtasks_reopen(p_parents bigint[]) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION pgtasks_reopen(p_parents bigint[]) RETURNS void LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_children bigint[];
 BEGIN
-    WITH reopened AS (
-        UPDATE pgtasks_dependency d SET resolved = false, parent_status = NULL
-        WHERE d.parent_id = ANY (p_parents) AND d.resolved
-        RETURNING d.child_id
-    ), counted AS (
-        SELECT child_id, count(*) AS n FROM reopened GROUP BY child_id
-    ), raised AS (
-        UPDATE pgtasks_workflow_member m SET remaining = m.remaining + c.n
-        FROM counted c
-        WHERE m.task_id = c.child_id
-        RETURNING m.task_id
-    )
-    SELECT array_agg(task_id ORDER BY task_id) INTO v_children FROM raised;
-    IF v_children IS NOT NULL THEN
+    FOR i IN 1 .. coalesce(array_length(p_parents, 1), 0) LOOP
+        WITH reopened AS (
+            UPDATE pgtasks_dependency SET resolved = false, parent_status = NULL
+            WHERE parent_id = p_parents[i] AND resolved
+            RETURNING child_id
+        )
+        SELECT array_agg(child_id ORDER BY child_id) INTO v_children FROM reopened;
+        CONTINUE WHEN v_children IS NULL;
+        UPDATE pgtasks_workflow_member SET remaining = remaining + 1
+        WHERE task_id = ANY (v_children);
         UPDATE pgtasks_task SET
             status = 'WAITING', attempt = 0, interruptions = 0, started_at = NULL,
             finished_at = NULL, error_text = '', result = NULL, cancel_requested = false,
             updated_at = now()
         WHERE id = ANY (v_children)
           AND status IN ('READY', 'AWAITING_RETRY', 'SUCCESSFUL', 'FAILED', 'CANCELLED');
-    END IF;
+    END LOOP;
 END
 $$;
 
@@ -179,7 +188,8 @@ BEGIN
 END
 $$;
 
--- At the commit of a transaction that enqueued a task with parents: lock the parents it still
+-- At the commit of a transaction that enqueued a task with parents saved before it (parents
+-- enqueued in the same transaction cannot end before it commits): lock the parents it still
 -- counts, in id order, and flag them has_dependents, so that a worker ending one of them now
 -- waits for this commit and then sees this task's edges (its trigger reads them with a fresh
 -- snapshot); count off those that ended before the lock (or are gone).
@@ -188,9 +198,10 @@ DECLARE
     v_parents bigint[];
 BEGIN
     v_parents := ARRAY(
-        SELECT t.id FROM pgtasks_task t
-        WHERE t.id IN (SELECT d.parent_id FROM pgtasks_dependency d
-                       WHERE d.child_id = NEW.task_id AND NOT d.resolved)
+        SELECT d.parent_id FROM pgtasks_dependency d
+        WHERE d.child_id = NEW.task_id AND NOT d.resolved);
+    v_parents := ARRAY(
+        SELECT t.id FROM pgtasks_task t WHERE t.id = ANY (v_parents)
         ORDER BY t.id
         FOR NO KEY UPDATE OF t);
     UPDATE pgtasks_task SET has_dependents = true
@@ -225,7 +236,7 @@ CREATE CONSTRAINT TRIGGER pgtasks_member_committing
     AFTER INSERT ON pgtasks_workflow_member
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW
-    WHEN (NEW.remaining > 0)
+    WHEN (NEW.remaining > 0 AND NEW.outside_parents)
     EXECUTE FUNCTION pgtasks_member_committing();
 """
 
@@ -295,6 +306,15 @@ class Migration(migrations.Migration):
                         default=0,
                         help_text="Parents that have not ended yet; the task is released at zero.",
                         verbose_name="parents not ended",
+                    ),
+                ),
+                (
+                    "outside_parents",
+                    models.BooleanField(
+                        db_default=False,
+                        default=False,
+                        help_text="Some of its parents existed before it was enqueued: they are checked again at the enqueuing transaction's commit.",
+                        verbose_name="waits for earlier tasks",
                     ),
                 ),
                 (

@@ -16,7 +16,9 @@ children see in turn. A parent that is requeued after it ended re-opens its chil
 
 Why a child never misses a parent's end, although it may be enqueued while that parent is
 finishing on a worker, with neither transaction seeing the other's writes: a deferred
-constraint trigger on the member row runs at the enqueuing transaction's commit. It locks
+constraint trigger on the member row of a child with such parents (``outside_parents``:
+parents enqueued in the same transaction cannot end before it commits) runs at the enqueuing
+transaction's commit. It locks
 the parents still counted (in id order), flags them ``has_dependents``, and counts off those
 that ended meanwhile. A worker ending one of those parents either ended it before (seen here,
 under the lock) or waits for this commit, microseconds away, and its trigger then reads the
@@ -54,6 +56,11 @@ class WorkflowMember(models.Model):
     remaining = models.IntegerField(
         _("parents not ended"), default=0,
         help_text=_("Parents that have not ended yet; the task is released at zero."),
+    )
+    outside_parents = models.BooleanField(
+        _("waits for earlier tasks"), default=False, db_default=False,
+        help_text=_("Some of its parents existed before it was enqueued: they are checked "
+                    "again at the enqueuing transaction's commit."),
     )
     on_parent_failure = models.CharField(
         _("if a parent does not succeed"), max_length=8, choices=OnParentFailure.choices,

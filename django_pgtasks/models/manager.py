@@ -307,7 +307,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             workflows = dependencies.link(db, [
                 dependencies.Link(
                     task.pk, [tasks[ref].pk if kind == "local" else ref for kind, ref in refs],
-                    policy, workflow_id)
+                    policy, any(kind == "id" for kind, _ in refs), workflow_id)
                 for task, refs, policy in zip(tasks, links, policies, strict=True)])
             span.sent(tasks)
         for task in tasks:

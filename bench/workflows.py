@@ -1,0 +1,151 @@
+"""What workflows cost: enqueueing a group, draining it, releasing its callback, a chain.
+
+Usage, from the repository root, with the project's virtualenv::
+
+    .venv/bin/python bench/workflows.py [--members 10000] [--chain 500] [--repeat 3]
+
+In a scratch database (``pgtasks_bench_workflows``, dropped at the end), with one
+``run_pgtasks`` worker process at the default settings (bench/pgtasks_site):
+
+1. enqueue: ``enqueue_many()`` of N no-op tasks against ``group(N no-ops, then=callback)``
+   (the same tasks, linked), each in its own transaction;
+2. drain: the rate at which the worker runs the N plain tasks against the N members of the
+   group (the database's start and finish times), and how long after the last member ended
+   the callback started (its release, wake-up and claim);
+3. chain: a chain of C no-op steps, each released by the end of the one before: the time per
+   step from the first start to the last finish (release, wake-up, claim, run, record).
+
+Every figure is the median of ``--repeat`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+
+from common import (  # noqa: E402
+    PGTASKS_SETTINGS,
+    ROOT,
+    child_env,
+    connect,
+    drop_database,
+    recreate_database,
+)
+
+DATABASE = "pgtasks_bench_workflows"
+
+
+def setup_django() -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = PGTASKS_SETTINGS
+    os.environ["PGDATABASE"] = DATABASE
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def start_worker() -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "run_pgtasks", "--settings", PGTASKS_SETTINGS,
+         "--log-level", "WARNING"], cwd=ROOT, env=child_env(DATABASE),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait(conn, sql: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not conn.execute(sql).fetchone()[0]:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gave up waiting for: {sql}")
+        time.sleep(0.01)
+
+
+def timed(action) -> float:
+    from django.db import transaction
+
+    started = time.perf_counter()
+    with transaction.atomic():
+        action()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--members", type=int, default=10_000, help="tasks per group")
+    parser.add_argument("--chain", type=int, default=500, help="steps of the chain")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    recreate_database(DATABASE)
+    worker = None
+    try:
+        setup_django()
+        from django_pgtasks.models import Task
+        from django_pgtasks.workflows import chain, group
+
+        n = args.members
+        plain_s, group_s, plain_rate, group_rate, release_ms, step_ms = [], [], [], [], [], []
+        with connect(DATABASE) as conn:
+            worker = start_worker()
+            wait(conn, "SELECT count(*) > 0 FROM pgtasks_worker", 60)
+            for _ in range(args.repeat):
+                conn.execute("TRUNCATE pgtasks_task")
+                plain_s.append(timed(lambda: Task.objects.enqueue_many(
+                    Task.objects.build("bench.noop") for _ in range(n))))
+                wait(conn, "SELECT count(*) = 0 FROM pgtasks_task WHERE status <> 'SUCCESSFUL'")
+                plain_rate.append(n / conn.execute(
+                    "SELECT extract(epoch FROM max(finished_at) - min(started_at)) "
+                    "FROM pgtasks_task").fetchone()[0])
+
+                conn.execute("TRUNCATE pgtasks_task")
+                made = []
+                group_s.append(timed(lambda made=made: made.append(group(
+                    [Task.objects.build("bench.noop") for _ in range(n)],
+                    then=Task.objects.build("bench.collect")).enqueue())))
+                callback = made[0].tasks[-1].pk
+                wait(conn, f"SELECT status = 'SUCCESSFUL' FROM pgtasks_task WHERE id = {callback}")
+                rate, release = conn.execute(
+                    "SELECT %s / extract(epoch FROM max(finished_at) - min(started_at)), "
+                    "extract(epoch FROM (SELECT started_at FROM pgtasks_task WHERE id = %s) "
+                    "    - max(finished_at)) * 1000 "
+                    "FROM pgtasks_task WHERE id <> %s", [n, callback, callback]).fetchone()
+                group_rate.append(rate)
+                release_ms.append(release)
+
+                conn.execute("TRUNCATE pgtasks_task")
+                timed(lambda: chain(*[Task.objects.build("bench.noop")
+                                      for _ in range(args.chain)]).enqueue())
+                wait(conn, "SELECT count(*) = 0 FROM pgtasks_task WHERE status <> 'SUCCESSFUL'")
+                step_ms.append(conn.execute(
+                    "SELECT extract(epoch FROM max(finished_at) - min(started_at)) * 1000 / %s "
+                    "FROM pgtasks_task", [args.chain]).fetchone()[0])
+        med = statistics.median
+        print(f"Enqueue of {n:,} tasks in one transaction: enqueue_many() {med(plain_s):.3f} s, "
+              f"group(..., then=callback) {med(group_s):.3f} s "
+              f"({med(group_s) / med(plain_s):.2f}x)")
+        print(f"Drain, one worker at the defaults: {med(plain_rate):,.0f} plain tasks/s, "
+              f"{med(group_rate):,.0f} group members/s "
+              f"({med(group_rate) / med(plain_rate):.2f}x); the callback started "
+              f"{med(release_ms):.1f} ms after the last member ended")
+        print(f"Chain of {args.chain} steps: {med(step_ms):.2f} ms per step, from the first "
+              f"start to the last finish")
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(30)
+        from django.db import connections
+
+        connections.close_all()
+        drop_database(DATABASE)
+
+
+if __name__ == "__main__":
+    main()
