@@ -47,17 +47,18 @@ LINK_SQL = """
 # Which of the given ids are tasks (the parents named by id must exist when linked).
 EXISTING_SQL = "SELECT id FROM pgtasks_task WHERE id = ANY (%s)"
 
-# How each parent of a task ended, in depends_on order. A parent purged since is read from
-# the archive if it is there, else its edge still tells how it ended.
+# How each parent of a task ended, in depends_on order (the edges' ids). A parent purged
+# since is read from the archive if it is there, else its edge still tells how it ended. The
+# task's edges are read first through the (child_id, parent_id) index (OFFSET 0 keeps them
+# apart): ordered by id alone, the planner could walk the primary key of the whole table.
 PARENTS_SQL = """
     SELECT d.parent_id, coalesce(t.name, a.name, ''),
            coalesce(t.status, a.status, d.parent_status, 'DELETED'),
            (CASE WHEN t.id IS NOT NULL THEN t.result ELSE a.result END)::text,
            coalesce(t.error_text, a.error_text, '')
-    FROM pgtasks_dependency d
+    FROM (SELECT * FROM pgtasks_dependency WHERE child_id = %s OFFSET 0) d
     LEFT JOIN pgtasks_task t ON t.id = d.parent_id
     LEFT JOIN pgtasks_task_archive a ON t.id IS NULL AND a.id = d.parent_id
-    WHERE d.child_id = %s
     ORDER BY d.id
 """
 
