@@ -429,3 +429,45 @@ def test_run_eagerly_runs_a_chain_in_order_inside_the_tests_transaction() -> Non
     assert states(workflow) == [(Status.SUCCESSFUL, 1), (Status.SUCCESSFUL, 11),
                                 (Status.SUCCESSFUL, 111)]
     assert Task.objects.get(pk=late.pk).result == 111
+
+
+@pytest.mark.slow
+def test_children_enqueued_while_their_parents_run_and_end_are_all_released() -> None:
+    """Four threads enqueue children of random parents (waiting, running or ended) while two
+    workers run those parents: every child is released once its parents have ended, and no
+    enqueuer ever waits on a worker or fails."""
+    parents = Task.objects.enqueue_many(tasks.sleepy.build(0.005) for _ in range(200))
+    ids = [task.pk for task in parents]
+    errors: list[BaseException] = []
+    children: list[int] = []
+    lock = threading.Lock()
+
+    def enqueue(seed: int) -> None:
+        import random
+
+        rng = random.Random(seed)
+        try:
+            for _ in range(60):
+                picked = rng.sample(ids, rng.randint(1, 3))
+                child = Task.objects.enqueue(tasks.wf_collect, depends_on=picked)
+                with lock:
+                    children.append(child.pk)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    enqueuers = [threading.Thread(target=enqueue, args=(seed,)) for seed in range(4)]
+    for thread in enqueuers:
+        thread.start()
+    workers = [Worker(concurrency=4, worker_id=f"w{i}") for i in range(2)]
+    run_workers(workers, until=lambda: not any(t.is_alive() for t in enqueuers) and not (
+        Task.objects.exclude(status=Status.SUCCESSFUL).exists()))
+    assert not errors, errors
+    assert len(children) == 240
+    assert set(Task.objects.filter(pk__in=children).values_list("status", flat=True)) == {
+        Status.SUCCESSFUL}
+    assert not WorkflowMember.objects.exclude(remaining=0).exists()
+    assert not Dependency.objects.filter(resolved=False).exists()
+    # Each child ran once, after every one of its parents had ended.
+    assert Execution.objects.filter(worker="callback").count() == 240
