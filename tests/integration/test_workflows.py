@@ -471,3 +471,37 @@ def test_children_enqueued_while_their_parents_run_and_end_are_all_released() ->
     assert not Dependency.objects.filter(resolved=False).exists()
     # Each child ran once, after every one of its parents had ended.
     assert Execution.objects.filter(worker="callback").count() == 240
+
+
+def test_a_release_held_up_by_a_lock_is_retried_and_nothing_is_lost(monkeypatch, caplog) -> None:
+    """Another transaction holds the child's member row: the worker's outcome statement, whose
+    trigger must update it, times out (a transient error), is retried, and records the
+    parent's success once the lock is gone; the parent is never left RUNNING for good and
+    never runs twice."""
+    import logging
+
+    from django_pgtasks.worker import loop
+
+    monkeypatch.setattr(loop, "LOCK_TIMEOUT", "100ms")
+    workflow = chain(tasks.wf_step.build("a"), tasks.wf_step.build("b")).enqueue()
+    first, second = workflow.tasks
+    holder = connections.create_connection("default")
+    try:
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pgtasks_workflow_member WHERE task_id = %s FOR UPDATE",
+                           [second.pk])
+        worker = Worker(concurrency=1, burst=True)
+        thread = threading.Thread(target=lambda: (worker.run(install_signals=False),
+                                                  connections.close_all()))
+        with caplog.at_level(logging.WARNING, logger="django_pgtasks.worker"):
+            thread.start()
+            wait_until(lambda: "lock timeout" in caplog.text, 30, "a lock timeout")
+            assert Task.objects.get(pk=first.pk).status == Status.RUNNING
+            holder.rollback()
+            thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        holder.close()
+    assert [t.status for t in workflow.members().order_by("id")] == [Status.SUCCESSFUL] * 2
+    assert sorted(Execution.objects.values_list("worker", flat=True)) == ["a", "b"]
