@@ -339,7 +339,9 @@ def test_heartbeats_go_on_during_the_shutdown_grace(settings) -> None:
                    "the task to start")
         worker.stop()
         while thread.is_alive():
-            assert rescue() == []
+            # None: the worker's own rescue pass held the rescue lock at that instant (it runs
+            # one too); whichever pass ran, the task's end state below shows none rescued it.
+            assert rescue() in ([], None)
             thread.join(0.1)
     finally:
         worker.stop()
