@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -64,6 +65,26 @@ def stop_processes(processes: Iterable[subprocess.Popen], timeout: float = 120) 
                 f"Worker {process.args} did not stop within {timeout:g}s of SIGTERM; its "
                 f"output and thread stacks:\n{out!s:.20000}") from None
     return outputs
+
+
+def terminate_worker(process: subprocess.Popen, output: Output, timeout: float = 60) -> int:
+    """SIGTERM a worker process whose output ``output`` collects, and return its exit code.
+
+    Past ``timeout`` the test fails with what the worker printed, including the stacks of all
+    its threads (``SIGUSR1``, see worker/startup.py), so that a slow shutdown shows where it
+    waited; the process is then killed.
+    """
+    process.terminate()
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)
+        with contextlib.suppress(AssertionError):  # no stacks came: fail with what there is
+            output.wait_for(r"^(Current thread|Thread) 0x", timeout=10)
+        process.kill()
+        raise AssertionError(
+            f"Worker {process.args} did not stop within {timeout:g}s of SIGTERM; its output "
+            f"and thread stacks:\n{output.text[-20000:]}") from None
 
 
 def run_workers(workers: list[Worker], until: Callable[[], bool] | None = None,

@@ -30,7 +30,7 @@ from django.db import connections, transaction
 from django.db.models import Count
 
 from django_pgtasks.models import Task, WorkerProcess
-from tests.helpers import Output, terminate_worker_backends, wait_until
+from tests.helpers import Output, terminate_worker, terminate_worker_backends, wait_until
 from tests.testapp import lifecycle, tasks
 from tests.testapp.models import Execution
 
@@ -135,8 +135,7 @@ def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_com
                "every live worker to have started")
     for process, out in processes.values():
         if process.poll() is None:
-            process.terminate()
-            assert process.wait(timeout=60) == 0, out.text
+            assert terminate_worker(process, out) == 0, out.text
     for watcher in watchers:
         watcher.join()
 
