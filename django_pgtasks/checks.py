@@ -125,6 +125,35 @@ def check_queue_tables(
                 f"enqueues may fail.", obj="PGTASKS", id="django_pgtasks.W042",
                 hint=f"Run: python manage.py migrate --database {alias}",
             ))
+        else:
+            warnings.extend(_history_warnings(alias))
+    return warnings
+
+
+def _history_warnings(alias: str) -> list[Warning]:
+    """The history partitions of ``alias`` are made ahead (W071) and no finished task landed
+    past them (W070); see django_pgtasks.patterns.partitions."""
+    from django_pgtasks.patterns.partitions import health
+
+    report = health(alias)
+    warnings = []
+    if report.past_periods:
+        warnings.append(Warning(
+            f"{report.past_periods} finished task(s) in {alias!r} ended after the last history "
+            f"period made ({', '.join(report.tables_past)}): they are kept, in the catch "
+            f"partition, until the maintenance makes their periods.",
+            obj="PGTASKS", id="django_pgtasks.W070",
+            hint="Run a worker (run_pgtasks), whose maintenance makes the periods and moves "
+                 "these rows into them, or: python manage.py pgtasks_purge.",
+        ))
+    if report.short:
+        warnings.append(Warning(
+            f"The history partitions of {alias!r} reach only to {report.reach:%Y-%m-%d %H:%M} "
+            f"UTC: no worker has run their maintenance lately.",
+            obj="PGTASKS", id="django_pgtasks.W071",
+            hint="Run a worker (run_pgtasks); PGTASKS['PARTITION_INTERVAL'] sets how often it "
+                 "makes periods ahead.",
+        ))
     return warnings
 
 
@@ -257,6 +286,24 @@ def check_retention(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         errors.append(_error("PGTASKS['PURGE_BATCH'] must be a positive integer.", "E009"))
     if not isinstance(s.ARCHIVE, bool):
         errors.append(_error("PGTASKS['ARCHIVE'] must be True or False.", "E012"))
+    from django_pgtasks.patterns.partitions import PERIODS
+
+    if s.HISTORY_PERIOD not in PERIODS:
+        errors.append(_error(
+            f"PGTASKS['HISTORY_PERIOD'] must be one of {', '.join(map(repr, PERIODS))}, not "
+            f"{s.HISTORY_PERIOD!r}.", "E021"))
+    premake = s.HISTORY_PREMAKE
+    if not isinstance(premake, int) or isinstance(premake, bool) or not 2 <= premake <= 1000:
+        errors.append(_error(
+            "PGTASKS['HISTORY_PREMAKE'] must be a whole number of periods from 2 to 1000.",
+            "E022"))
+    interval = s.PARTITION_INTERVAL
+    if (not isinstance(interval, int | float) or isinstance(interval, bool)
+            or not 0 < interval <= 3600):
+        errors.append(_error(
+            "PGTASKS['PARTITION_INTERVAL'] must be a number of seconds from 0 (excluded) to "
+            "3600: the maintenance that makes history periods ahead cannot be turned off.",
+            "E023"))
     return errors
 
 

@@ -120,6 +120,14 @@ DEFAULTS: dict[str, Any] = {
     "PURGE_INTERVAL": 300.0,
     # Rows deleted or archived per purge batch; each batch is its own short transaction.
     "PURGE_BATCH": 1000,
+    # Finished tasks are kept in history tables partitioned by finished_at, one partition per
+    # period: "hour", "day", "week" or "month" (UTC). Retention drops whole periods, so a task
+    # is kept at most one period past its retention. docs/howto/history.md.
+    "HISTORY_PERIOD": "day",
+    # Periods made ahead of time by the workers' maintenance (at least 2).
+    "HISTORY_PREMAKE": 3,
+    # Seconds between two turns of that maintenance in each worker (one worker at a time).
+    "PARTITION_INTERVAL": 60.0,
     # Periodic tasks declared in settings: schedule name -> {"task": "<registered name>",
     # "schedule": <period or cron>, and optionally "args", "kwargs", "queue", "timezone",
     # "enabled"}. Handlers can also declare one with @pgtask(schedule=...).

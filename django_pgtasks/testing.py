@@ -37,6 +37,7 @@ from django.db.models.functions import Now
 from django_pgtasks.base.payload import normalize_value
 from django_pgtasks.base.registry import TaskHandler
 from django_pgtasks.base.routing import queue_databases, queues_on
+from django_pgtasks.base.schema import LIVE_TABLE
 from django_pgtasks.lifecycle import claim as claiming
 from django_pgtasks.lifecycle import dependencies
 from django_pgtasks.signals import task_enqueued
@@ -149,7 +150,7 @@ def run_task(task: Any, *, raise_errors: bool = False) -> Any:
                       .select_for_update(skip_locked=True)
                       .values_list("id", "priority", "run_after")[:1]]
         sql, params = claiming.claim_statement(
-            connections[alias], Task._meta.db_table, candidates, 1)
+            connections[alias], LIVE_TABLE, candidates, 1)
         claimed = list(Task.objects.using(alias).raw(
             sql, [*params, runner.worker_id, runner.worker_id]))
     for row in claimed:

@@ -15,6 +15,25 @@ from django.db import connection, connections
 from django_pgtasks.models import PENDING, Status, Task, WorkerProcess
 from django_pgtasks.worker.loop import Worker
 
+#: Rows above which a table read in full is a defect in a plan (a catch partition or an empty
+#: period may be read in full: the planner prefers that on a table of no rows).
+LARGE_TABLE_ROWS = 1000
+
+
+def large_seq_scans(plan: str | list, using: str = "default") -> list[str]:
+    """The tables of more than LARGE_TABLE_ROWS rows (as last analyzed) that ``plan`` (an
+    EXPLAIN text, or its JSON nodes) reads with a sequential scan."""
+    if isinstance(plan, str):
+        names = re.findall(r"Seq Scan on (\w+)", plan)
+    else:
+        names = [n["Relation Name"] for n in plan if n.get("Node Type") == "Seq Scan"]
+    if not names:
+        return []
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT relname FROM pg_class WHERE relname = ANY (%s) "
+                       "AND reltuples > %s", [names, LARGE_TABLE_ROWS])
+        return [row[0] for row in cursor.fetchall()]
+
 
 def wait_until(condition: Callable[[], bool], timeout: float = 120, what: str = "") -> None:
     """Poll ``condition`` every 20 ms; fail the test if it is still false after ``timeout``."""

@@ -23,6 +23,17 @@ from typing import Any
 from django_pgtasks.base.errors import sqlstates
 from django_pgtasks.exceptions import NotMigratedError
 
+#: The task table (partitioned by state since migration 0014): what every query that reads
+#: tasks of any state names, and what a task's end updates (the row moves to history).
+TASK_TABLE = "pgtasks_task"
+#: Its partition of waiting and running tasks: where enqueue inserts and the claim updates,
+#: and where the key's unique index and the claim's indexes are.
+LIVE_TABLE = "pgtasks_task_live"
+#: Its history tables, each partitioned by ``finished_at``: SUCCESSFUL and CANCELLED tasks,
+#: and FAILED ones (each has its own retention).
+DONE_TABLE = "pgtasks_task_done"
+FAILED_TABLE = "pgtasks_task_failed"
+
 #: The folder of django-pgtasks' migrations.
 MIGRATIONS_FOLDER = Path(__file__).resolve().parent.parent / "migrations"
 

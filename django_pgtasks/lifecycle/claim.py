@@ -12,7 +12,7 @@ and :func:`claim_statement` wraps those queries into a single ``UPDATE … RETUR
                 ORDER BY priority DESC, run_after, id LIMIT n FOR UPDATE SKIP LOCKED),
          c1 AS (… the same for the next queue …),
          picked AS (SELECT id FROM (c0 UNION ALL c1) ORDER BY priority DESC, run_after, id LIMIT n)
-    UPDATE pgtasks_task t SET status = 'RUNNING', locked_by = %s, locked_at = now(), …
+    UPDATE pgtasks_task_live t SET status = 'RUNNING', locked_by = %s, locked_at = now(), …
     FROM picked WHERE t.id = picked.id RETURNING t.*
 
 Why this shape:
@@ -75,7 +75,9 @@ from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Exists, Manager, Q, QuerySet
 
+from django_pgtasks.base.conflicts import retry_conflicts
 from django_pgtasks.base.rows import TaskRow
+from django_pgtasks.base.schema import LIVE_TABLE
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.rows import load_rows
 
@@ -146,7 +148,7 @@ MODE_SQL = """(
     EXISTS (SELECT 1 FROM pgtasks_queue
             WHERE queue = ANY (%s::text[]) AND rate_limit IS NOT NULL)
     OR EXISTS (SELECT 1 FROM unnest(%s::text[]) AS q(name)
-               WHERE EXISTS (SELECT 1 FROM pgtasks_task k
+               WHERE EXISTS (SELECT 1 FROM pgtasks_task_live k
                              WHERE k.queue = q.name AND k.concurrency_key IS NOT NULL
                                AND k.status IN ('READY', 'AWAITING_RETRY'))))"""
 
@@ -195,7 +197,7 @@ def _plain(
         if statement is None:
             candidates = [_plain_candidates(manager, db, q, limit) for q in queues]
             statement = claim_statement(
-                connections[db], manager.model._meta.db_table, candidates, limit,
+                connections[db], LIVE_TABLE, candidates, limit,
                 mode_queues=queues if with_mode else None,
             )
             if len(_statements) < STATEMENT_CACHE_SIZE:
@@ -235,7 +237,16 @@ def _controlled(
 def claim(
     manager: Manager[Any], worker_id: str, queues: tuple[str, ...], limit: int, db: str,
 ) -> ClaimedTasks:
-    """Claim up to ``limit`` tasks of ``queues`` for ``worker_id`` (see the module doc)."""
+    """Claim up to ``limit`` tasks of ``queues`` for ``worker_id`` (see the module doc).
+
+    A claim that meets a task moved to history meanwhile (cancelled, say) is made again
+    (django_pgtasks.base.conflicts)."""
+    return retry_conflicts(db, lambda: _claim(manager, worker_id, queues, limit, db))
+
+
+def _claim(
+    manager: Manager[Any], worker_id: str, queues: tuple[str, ...], limit: int, db: str,
+) -> ClaimedTasks:
     now = time.monotonic()
     until, controlled = _modes.get((db, queues), (0.0, False))
     if now >= until and controlled:

@@ -15,8 +15,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from django.db import DatabaseError, InterfaceError, connections, transaction
+from django.db import DatabaseError, InterfaceError, connections
 
+from django_pgtasks.base.conflicts import is_conflict, retry_conflicts
 from django_pgtasks.base.errors import is_transient, reason_text
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.transitions import (
@@ -127,8 +128,7 @@ class Recorder:
         connection = connections[self.using]
         if connection.in_atomic_block:
             try:
-                with transaction.atomic(using=self.using):
-                    return action()
+                return retry_conflicts(self.using, action)
             except (DatabaseError, InterfaceError) as exc:
                 if not is_transient(exc):
                     raise
@@ -142,6 +142,10 @@ class Recorder:
             except (DatabaseError, InterfaceError) as exc:
                 if not is_transient(exc):
                     raise
+                if is_conflict(exc) and attempt < self.tries:
+                    # A task of the batch moved partitions under a concurrent end (a rescue):
+                    # the next try sees where it is now. Nothing is wrong with the session.
+                    continue
                 logger.warning("Database error while recording %d outcome(s) (try %d of %d): "
                                "%s", count, attempt, self.tries, exc)
                 close_connection(self.using)

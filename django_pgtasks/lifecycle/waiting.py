@@ -18,6 +18,7 @@ transaction inserted, so ``wait()`` refuses it instead of sleeping until its tim
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,14 @@ MARK_AWAITED_SQL = (
 )
 STATUS_SQL = "SELECT status FROM pgtasks_task WHERE id = %s"
 FINISHED = ("SUCCESSFUL", "FAILED", "CANCELLED")
+
+
+def mark_awaited(conn: Any, pk: int) -> None:
+    """Mark task ``pk`` awaited on the waiter's autocommit session. A task ending meanwhile
+    moves to history under the mark (a conflict, django_pgtasks.base.conflicts): it ended, so
+    there is nothing to mark, and the status read that follows sees the end."""
+    with contextlib.suppress(psycopg.errors.SerializationFailure):
+        conn.execute(MARK_AWAITED_SQL, [pk])
 
 
 def wait_for_task(
@@ -71,7 +80,7 @@ def wait_for_task(
     with open_connection(listen_on or using) as conn:
         if listen_on is not None:
             conn.execute(f"LISTEN {FINISHED_CHANNEL}")
-            conn.execute(MARK_AWAITED_SQL, [pk])
+            mark_awaited(conn, pk)
         while True:
             row = conn.execute(STATUS_SQL, [pk]).fetchone()
             if row is None:

@@ -3,8 +3,10 @@
 Enqueue is on the hot path of every web request that starts work, so it does not go through
 ``Model.save()``, which compiles a 29-column INSERT per call. One named statement per way of
 enqueueing is written here instead, with the columns an enqueue sets; the database fills in
-the rest (defaults and ``db_default``). ``Task.objects.enqueue()`` still sends ``pre_save``
-and ``post_save`` for a task without a key, as ``save()`` did, when they have receivers.
+the rest (defaults and ``db_default``). They insert into the live partition of the task table
+(migration 0014), where a new task belongs: no routing, and the key's unique index is there.
+``Task.objects.enqueue()`` still sends ``pre_save`` and ``post_save`` for a task without a
+key, as ``save()`` did, when they have receivers.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from django_pgtasks.lifecycle.rows import fast_cursor
 # One task. run_after is the given time, else the delay from the statement's time, else that
 # time itself (as the column's default, Django's Now(), gives).
 ENQUEUE_ONE_SQL = """
-    INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, max_attempts, run_after,
+    INSERT INTO pgtasks_task_live (name, queue, args, kwargs, priority, max_attempts, run_after,
                               metadata, stage, concurrency_key, concurrency_limit, status,
                               attempt, error_text)
     VALUES (%s, %s, %s::jsonb, %s::jsonb, %s, %s,
@@ -43,7 +45,7 @@ def _insert_many_sql(linked: bool = False) -> str:
     more_arrays, more_columns = (", %b::text[], %b::bool[]", ", status, has_dependents") \
         if linked else ("", "")
     return f"""
-    INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, max_attempts, run_after,
+    INSERT INTO pgtasks_task_live (name, queue, args, kwargs, priority, max_attempts, run_after,
                               metadata, key, stage, concurrency_key, concurrency_limit, status,
                               attempt, error_text, has_dependents)
     SELECT v.name, v.queue, v.args::jsonb, v.kwargs::jsonb, v.priority, v.max_attempts,
@@ -69,9 +71,9 @@ ENQUEUE_LINKED_SQL = _insert_many_sql(linked=True)
 # marked to run once more when its attempt ends. A live task of another name is left alone
 # and nothing is returned.
 UPSERT_KEYED_SQL = """
-    INSERT INTO pgtasks_task AS t (name, queue, args, kwargs, priority, max_attempts, run_after,
-                                   metadata, key, stage, concurrency_key, concurrency_limit,
-                                   status, attempt, error_text)
+    INSERT INTO pgtasks_task_live AS t (name, queue, args, kwargs, priority, max_attempts,
+                                        run_after, metadata, key, stage, concurrency_key,
+                                        concurrency_limit, status, attempt, error_text)
     VALUES (%s, %s, %s::jsonb, %s::jsonb, %s, %s,
             COALESCE(%s::timestamptz, statement_timestamp() + make_interval(secs => %s),
                      statement_timestamp()),

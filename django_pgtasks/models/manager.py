@@ -387,7 +387,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                            "FROM generate_series(1, %s)", [len(payloads)])
             ids = [row[0] for row in cursor.fetchall()]
             with cursor.copy(
-                "COPY pgtasks_task (id, name, queue, args, kwargs, priority, max_attempts, "
+                "COPY pgtasks_task_live (id, name, queue, args, kwargs, priority, max_attempts, "
                 "status, attempt, error_text, metadata, concurrency_key, concurrency_limit) "
                 "FROM STDIN"
             ) as copy:

@@ -3,11 +3,16 @@ selection."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from django.db import models, transaction
 from django.db.models import F, Q
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Greatest, Now
+from django.utils import timezone
 
+from django_pgtasks.base.conflicts import retry_conflicts
 from django_pgtasks.base.validation import validate_options
 from django_pgtasks.lifecycle import transitions
 from django_pgtasks.models.status import (
@@ -39,7 +44,20 @@ class CancelResult(int):
                 f"skipped={self.skipped})")
 
 
+def ended_now(task: Any) -> None:
+    """Give a finished task saved without ``finished_at`` the current time: finished tasks
+    live in history partitioned by it, where a row without one has no place."""
+    if task.status in FINISHED and task.finished_at is None:
+        task.finished_at = timezone.now()
+
+
 class TaskQuerySet(models.QuerySet):
+    def bulk_create(self, objs: Iterable[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        objs = list(objs)
+        for task in objs:
+            ended_now(task)
+        return super().bulk_create(objs, *args, **kwargs)
+
     def pending(self) -> TaskQuerySet:
         """Tasks waiting for their first or next attempt, due or not."""
         return self.filter(status__in=PENDING)
@@ -104,7 +122,9 @@ class TaskQuerySet(models.QuerySet):
         # live tasks cannot share a key.
         live = self.model._default_manager.filter(status__in=LIVE, key__isnull=False)
         taken_keys = live.values("key")
-        return self.filter(
+        # Rows move between the live partition and history: a race with a worker ending one
+        # of them is tried again (django_pgtasks.base.conflicts).
+        return retry_conflicts(self.db, lambda: self.filter(
             status__in=[*PENDING, Status.FAILED, Status.CANCELLED]
         ).exclude(
             Q(status__in=[Status.FAILED, Status.CANCELLED]) & Q(key__in=taken_keys)
@@ -112,7 +132,7 @@ class TaskQuerySet(models.QuerySet):
             status=Status.READY, run_after=Now(), updated_at=Now(),
             max_attempts=Greatest(F("max_attempts"), F("attempt") + 1),
             cancel_requested=False, interruptions=0,
-        )
+        ))
 
     def cancel(self, *, running: bool = True) -> CancelResult:
         """Cancel tasks; return how many were cancelled, asked to stop, and skipped.
@@ -128,13 +148,16 @@ class TaskQuerySet(models.QuerySet):
         are skipped. The result is an ``int`` (the number cancelled) with the attributes
         ``cancelled``, ``stopping`` and ``skipped``.
         """
-        with transaction.atomic(using=self.db):
-            selected = self.count()
-            cancelled = self.filter(status__in=UNSTARTED).update(
-                status=Status.CANCELLED, finished_at=Now(), updated_at=Now()
-            )
-            stopping = self.running().update(cancel_requested=True) if running else 0
-        return CancelResult(cancelled, stopping, selected - cancelled - stopping)
+        def cancel_selected() -> CancelResult:
+            with transaction.atomic(using=self.db):
+                selected = self.count()
+                cancelled = self.filter(status__in=UNSTARTED).update(
+                    status=Status.CANCELLED, finished_at=Now(), updated_at=Now()
+                )
+                stopping = self.running().update(cancel_requested=True) if running else 0
+            return CancelResult(cancelled, stopping, selected - cancelled - stopping)
+
+        return retry_conflicts(self.db, cancel_selected)
 
     def set_priority(self, priority: int) -> int:
         """Change the priority of waiting tasks (effective on the next claim); return how many."""

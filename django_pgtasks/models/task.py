@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from django.db import models
 from django.db.models import Q, Value
 from django.db.models.functions import Now
@@ -9,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_pgtasks.base.validation import PRIORITY_MAX, PRIORITY_MIN
 from django_pgtasks.models.manager import TaskManager
-from django_pgtasks.models.queries import CancelResult
+from django_pgtasks.models.queries import CancelResult, ended_now
 from django_pgtasks.models.status import CLAIM_ORDER, FINISHED, LIVE, PENDING, Status
 
 
@@ -165,6 +168,12 @@ class Task(TaskFields):
     def __str__(self) -> str:
         return f"{self.name} #{self.pk}"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save as ``Model.save()`` does; a finished task saved without ``finished_at`` gets
+        the current time, its place in the history (partitioned by it)."""
+        ended_now(self)
+        super().save(*args, **kwargs)
+
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED
@@ -205,3 +214,21 @@ class ArchivedTask(TaskFields):
 
     def __str__(self) -> str:
         return f"{self.name} #{self.pk} (archived)"
+
+
+def archive_columns() -> tuple[str, str]:
+    """The column list of an INSERT into the archive, and its ON CONFLICT assignments."""
+    columns = _task_columns()
+    return (", ".join(f'"{c}"' for c in columns),
+            ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in columns if c != "id"))
+
+
+@functools.cache
+def _task_columns() -> tuple[str, ...]:
+    """Columns shared by the task table and its archive (``TaskFields``), in model order."""
+    archive = {f.column for f in ArchivedTask._meta.concrete_fields}
+    columns = tuple(f.column for f in Task._meta.concrete_fields)
+    missing = set(columns) - archive
+    if missing:  # a column added to Task alone would be lost on archiving
+        raise RuntimeError(f"pgtasks_task_archive lacks the column(s) {sorted(missing)}.")
+    return columns

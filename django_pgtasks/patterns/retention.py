@@ -25,7 +25,7 @@ point and ``manage.py pgtasks_purge`` its command.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -36,9 +36,12 @@ from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
 from django_pgtasks.base import maintenance
+from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.transitions import LOCK_NAMESPACE
 from django_pgtasks.models import Status
+from django_pgtasks.models.task import archive_columns
+from django_pgtasks.patterns import partitions
 
 logger = logging.getLogger("django_pgtasks.retention")
 
@@ -87,13 +90,15 @@ _OLDEST_FINISHED = """
     SELECT id FROM pgtasks_task
     WHERE status IN ({statuses}) AND finished_at < now() - make_interval(secs => %s)
       AND finished_at >= coalesce(%s::timestamptz, '-infinity')
+      AND finished_at < coalesce(%s::timestamptz, 'infinity')
     ORDER BY finished_at LIMIT %s
     FOR UPDATE SKIP LOCKED
 """
 
 DELETE_SQL = """
     WITH gone AS (
-        DELETE FROM pgtasks_task WHERE id IN ({oldest}) RETURNING status, finished_at
+        DELETE FROM pgtasks_task WHERE id IN ({oldest}) AND {prune}
+        RETURNING status, finished_at
     )
     SELECT status, count(*), max(finished_at) FROM gone GROUP BY status
 """
@@ -103,7 +108,7 @@ DELETE_SQL = """
 # and archived again replaces its old archived copy instead of failing every later batch.
 ARCHIVE_SQL = """
     WITH moved AS (
-        DELETE FROM pgtasks_task WHERE id IN ({oldest}) RETURNING {columns}
+        DELETE FROM pgtasks_task WHERE id IN ({oldest}) AND {prune} RETURNING {columns}
     ), archived AS (
         INSERT INTO pgtasks_task_archive ({columns}, archived_at)
         SELECT {columns}, now() FROM moved
@@ -120,6 +125,7 @@ ARCHIVE_EXPIRE_SQL = """
             SELECT id FROM pgtasks_task_archive
             WHERE archived_at < now() - make_interval(secs => %s)
               AND archived_at >= coalesce(%s::timestamptz, '-infinity')
+              AND %s::timestamptz IS NULL
             ORDER BY archived_at LIMIT %s
             FOR UPDATE SKIP LOCKED
         )
@@ -145,29 +151,15 @@ def _literals(statuses: tuple[str, ...]) -> str:
     return ", ".join(f"'{status}'" for status in statuses)
 
 
-@functools.cache
-def _task_columns() -> tuple[str, ...]:
-    """Columns shared by the task table and its archive (``TaskFields``), in model order."""
-    from django_pgtasks.models import ArchivedTask, Task
-
-    archive = {f.column for f in ArchivedTask._meta.concrete_fields}
-    columns = tuple(f.column for f in Task._meta.concrete_fields)
-    missing = set(columns) - archive
-    if missing:  # a column added to Task alone would be lost on archiving
-        raise RuntimeError(f"pgtasks_task_archive lacks the column(s) {sorted(missing)}.")
-    return columns
-
-
 def _move_sql(statuses: tuple[str, ...], archive: bool) -> str:
     oldest = _OLDEST_FINISHED.format(statuses=_literals(statuses))
+    # The statuses again on the DELETE itself, so that it reaches the history table of these
+    # statuses alone (the ids found by the subquery say nothing of the partition).
+    prune = f"status IN ({_literals(statuses)})"
     if not archive:
-        return DELETE_SQL.format(oldest=oldest)
-    columns = _task_columns()
-    return ARCHIVE_SQL.format(
-        oldest=oldest,
-        columns=", ".join(f'"{c}"' for c in columns),
-        updates=", ".join(f'"{c}" = EXCLUDED."{c}"' for c in columns if c != "id"),
-    )
+        return DELETE_SQL.format(oldest=oldest, prune=prune)
+    columns, updates = archive_columns()
+    return ARCHIVE_SQL.format(oldest=oldest, prune=prune, columns=columns, updates=updates)
 
 
 # -- the purge ----------------------------------------------------------------------------
@@ -210,6 +202,21 @@ class _Step:
     kind: str
     sql: str
     seconds: float
+    #: The history tables its rows are in (None: the archive).
+    tables: tuple[str, ...] | None = None
+    #: Rows from this time on are left to the partition drops (the workers' turn).
+    below: datetime | None = None
+
+
+def _ages(older_than: Age | None, failed_older_than: Age | None) -> dict[str, float | None]:
+    """The retention of each history table, in seconds (None: kept forever)."""
+    s = pgtasks_settings
+    finished = to_seconds(older_than if older_than is not None else s.RETENTION)
+    failed = to_seconds(
+        failed_older_than if failed_older_than is not None
+        else older_than if older_than is not None else s.FAILED_RETENTION
+    )
+    return {DONE_TABLE: finished, FAILED_TABLE: failed}
 
 
 def _steps(
@@ -217,23 +224,23 @@ def _steps(
     archive: bool, dry_run: bool,
 ) -> list[_Step]:
     s = pgtasks_settings
-    finished = to_seconds(older_than if older_than is not None else s.RETENTION)
-    failed = to_seconds(
-        failed_older_than if failed_older_than is not None
-        else older_than if older_than is not None else s.FAILED_RETENTION
-    )
+    ages = _ages(older_than, failed_older_than)
+    finished, failed = ages[DONE_TABLE], ages[FAILED_TABLE]
     expire = to_seconds(archive_older_than if archive_older_than is not None
                         else s.ARCHIVE_RETENTION)
     # Statuses sharing an age are taken in one index range; None means "keep forever".
     by_age: dict[float, tuple[str, ...]] = {}
-    for statuses, seconds in (((Status.SUCCESSFUL, Status.CANCELLED), finished),
-                              ((Status.FAILED,), failed)):
+    tables: dict[float, tuple[str, ...]] = {}
+    for statuses, seconds, table in (
+            ((Status.SUCCESSFUL, Status.CANCELLED), finished, DONE_TABLE),
+            ((Status.FAILED,), failed, FAILED_TABLE)):
         if seconds is not None:
             by_age[seconds] = by_age.get(seconds, ()) + tuple(str(x) for x in statuses)
+            tables[seconds] = (*tables.get(seconds, ()), table)
     kind = ARCHIVED if archive else DELETED
     steps = [
         _Step(kind, COUNT_FINISHED_SQL.format(statuses=_literals(statuses)) if dry_run
-              else _move_sql(statuses, archive), seconds)
+              else _move_sql(statuses, archive), seconds, tables[seconds])
         for seconds, statuses in by_age.items()
     ]
     if expire is not None:
@@ -256,7 +263,7 @@ def _batch(
                            [LOCK_NAMESPACE, PURGE_LOCK_KEY])
             if not cursor.fetchone()[0]:
                 return None
-        cursor.execute(step.sql, [step.seconds, after, batch_size])
+        cursor.execute(step.sql, [step.seconds, after, step.below, batch_size])
         rows = cursor.fetchall()
     return {status: count for status, count, _newest in rows}, max(
         (newest for _status, _count, newest in rows), default=after)
@@ -275,6 +282,7 @@ def purge(
     wait: bool = True,
     dry_run: bool = False,
     on_batch: Callable[[str, dict[str, int]], object] | None = None,
+    exact: bool = True,
 ) -> PurgeResult:
     """Delete (or archive) finished tasks older than their retention; return the counts.
 
@@ -292,6 +300,13 @@ def purge(
     batch commits. Each batch waits for a batch of another purge to end (``wait=True``) or,
     with ``wait=False``, the purge stops as soon as another one holds the lock. A dry run
     only counts, in one statement per kind, and changes nothing.
+
+    Finished tasks are kept in history partitions of ``PGTASKS["HISTORY_PERIOD"]``
+    (:mod:`~django_pgtasks.patterns.partitions`): a period older than its retention goes
+    first, whole (detached and dropped, or archived then dropped), and only then are the
+    remaining old enough rows deleted one by one. With ``exact=False`` (the workers' turn) only
+    whole periods go, and rows outside the periods (the ``_before`` partitions); so a task is
+    kept at most one period past its retention, and the purge writes no dead rows.
 
     Must not be called inside ``transaction.atomic()``: the batches would become one long
     transaction, which is exactly what they exist to avoid.
@@ -317,6 +332,24 @@ def purge(
 
     started = time.monotonic()
     deadline = None if time_limit is None else started + time_limit
+    kind = ARCHIVED if archive else DELETED
+    with partitions.locked(alias, wait=wait) as acquired:
+        if not acquired:
+            result.skipped, result.complete = True, False
+            return result
+        for table, seconds in _ages(older_than, failed_older_than).items():
+            for dropped in partitions.drop_expired(alias, table, seconds, archive):
+                result._add(kind, dropped.counts)
+                if on_batch is not None:
+                    on_batch(kind, dropped.counts)
+        if not exact:
+            starts = {table: min((p.start for p in partitions.partitions(alias, table)
+                                  if p.is_period), default=None)
+                      for table in partitions.HISTORY_TABLES}
+            steps = [dataclasses.replace(step, below=min(
+                         (starts[t] for t in step.tables if starts[t] is not None),
+                         default=None)) if step.tables else step
+                     for step in steps]
     # Round robin over the kinds of batch, so a large backlog of one (say, successes) does not
     # starve the others within a bounded turn. A kind is done when a batch comes back short.
     pending = list(steps)
@@ -354,8 +387,10 @@ def purge(
 
 
 def purge_turn(using: str) -> PurgeResult:
-    """One bounded purge turn, as every worker runs it every ``PURGE_INTERVAL`` seconds."""
-    return purge(using, wait=False, max_batches=TURN_MAX_BATCHES, time_limit=TURN_SECONDS)
+    """One bounded purge turn, as every worker runs it every ``PURGE_INTERVAL`` seconds:
+    whole periods only (and rows before the first period)."""
+    return purge(using, wait=False, max_batches=TURN_MAX_BATCHES, time_limit=TURN_SECONDS,
+                 exact=False)
 
 
 maintenance.register(maintenance.Job(

@@ -40,6 +40,7 @@ import psycopg
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from django_pgtasks.base import maintenance
+from django_pgtasks.base.conflicts import retry_conflicts
 from django_pgtasks.base.sessions import liveness_mode, open_connection
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.transitions import (
@@ -84,6 +85,25 @@ def rescue(using: str | None = None, *, dry_run: bool = False) -> list[Rescued] 
     With ``dry_run`` nothing changes and the abandoned tasks are listed as they are.
     """
     alias = using or pgtasks_settings.DATABASE
+    # A task may end (move to history) while the pass waits for its lock: pass again.
+    outcome = retry_conflicts(alias, lambda: _rescue_pass(alias, dry_run))
+    if outcome is None:
+        return None
+    rescued, lost = outcome
+    if dry_run:
+        return rescued
+    for name in lost:
+        count = sum(1 for r in rescued if r.worker == name)
+        logger.warning("Worker %s was lost; %d of its task(s) rescued.", name, count)
+    for task in rescued:
+        logger.warning("Task id=%s name=%s rescued from worker %s: now %s.", task.id, task.name,
+                       task.worker, task.status)
+    return rescued
+
+
+def _rescue_pass(alias: str, dry_run: bool) -> tuple[list[Rescued], list[str]] | None:
+    """One rescue pass in its own transaction: the tasks rescued (or, dry, abandoned) and the
+    lost workers forgotten; ``None`` if another pass holds the lock."""
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)",
                        [LOCK_NAMESPACE, RESCUE_LOCK_KEY])
@@ -94,18 +114,12 @@ def rescue(using: str | None = None, *, dry_run: bool = False) -> list[Rescued] 
                 f"SELECT id, name, locked_by, status FROM pgtasks_task "
                 f"WHERE status = 'RUNNING' AND ({ABANDONED_SQL}) ORDER BY id",
                 abandoned_params())
-            return [Rescued(*row) for row in cursor.fetchall()]
+            return [Rescued(*row) for row in cursor.fetchall()], []
         cursor.execute(RESCUE_SQL, rescue_params())
         rescued = [Rescued(*row) for row in cursor.fetchall()]
         cursor.execute(FORGET_LOST_WORKERS_SQL, lost_worker_params())
         lost = [row[0] for row in cursor.fetchall()]
-    for name in lost:
-        count = sum(1 for r in rescued if r.worker == name)
-        logger.warning("Worker %s was lost; %d of its task(s) rescued.", name, count)
-    for task in rescued:
-        logger.warning("Task id=%s name=%s rescued from worker %s: now %s.", task.id, task.name,
-                       task.worker, task.status)
-    return rescued
+    return rescued, lost
 
 
 class Liveness:

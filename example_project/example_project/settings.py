@@ -186,6 +186,13 @@ PGTASKS = {
     "PURGE_INTERVAL": 300.0,
     # Rows deleted or archived per purge batch, each batch its own short transaction.
     "PURGE_BATCH": 1000,
+    # Finished tasks are kept in partitions of this period ("hour", "day", "week", "month");
+    # retention drops whole periods. docs/howto/history.md.
+    "HISTORY_PERIOD": "day",
+    # Periods made ahead of time by the workers.
+    "HISTORY_PREMAKE": 3,
+    # Seconds between two turns of the workers' partition maintenance.
+    "PARTITION_INTERVAL": 60.0,
     # Periodic tasks: schedule name -> {"task": ..., "schedule": ..., "args": ..., "kwargs": ...,
     # "queue": ..., "timezone": ..., "enabled": ...}; see docs/howto/periodic.md.
     "SCHEDULE": {},

@@ -10,9 +10,11 @@ import time
 from typing import Any
 
 import pytest
+from django.db import OperationalError
 from django.db.models import Count, F
 from django.db.models.functions import Now
 
+from django_pgtasks.base.conflicts import is_conflict
 from django_pgtasks.models import CLAIM_ORDER, Status, Task
 from django_pgtasks.worker.loop import Worker
 from tests.helpers import run_workers
@@ -57,10 +59,14 @@ class NonLockingWorker(Worker):
     def _claim(self, limit: int) -> list[Task]:
         ids = list(Task.objects.due().order_by(*CLAIM_ORDER).values_list("id", flat=True)[:limit])
         for task_id in ids:
-            Task.objects.filter(id=task_id).update(
-                status=Status.RUNNING, locked_by=self.worker_id, locked_at=Now(),
-                started_at=Now(), attempt=F("attempt") + 1,
-            )
+            try:
+                Task.objects.filter(id=task_id).update(
+                    status=Status.RUNNING, locked_by=self.worker_id, locked_at=Now(),
+                    started_at=Now(), attempt=F("attempt") + 1,
+                )
+            except OperationalError as exc:  # the task ended (moved to history) meanwhile
+                if not is_conflict(exc):
+                    raise
         return list(Task.objects.filter(id__in=ids))
 
 

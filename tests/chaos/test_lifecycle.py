@@ -165,14 +165,33 @@ def test_a_run_whose_success_and_failure_are_both_refused_goes_back_to_the_queue
 
 
 def test_transient_errors_while_recording_are_retried(refuse_status, caplog) -> None:
-    # Serialization failures (40001) for the first two statements, then it goes through.
-    refuse_status(Status.SUCCESSFUL, names=(tasks.noop.name,), sqlstate="40001", times=2)
+    # A lock timeout (55P03) for the first two statements, then it goes through.
+    refuse_status(Status.SUCCESSFUL, names=(tasks.noop.name,), sqlstate="55P03", times=2)
     task = Task.objects.enqueue(tasks.noop)
     [claimed] = Task.objects.claim("recorder")
     with caplog.at_level(logging.WARNING):
         assert Recorder("default").record([(claimed, Succeeded(None))]) == {
             task.pk: Status.SUCCESSFUL}
     assert "(try 2 of 8)" in caplog.text
+
+
+def test_a_lost_race_while_recording_is_tried_again_at_once(refuse_status, caplog) -> None:
+    """A serialization failure (40001) is what PostgreSQL raises when a row of the batch was
+    moved to another partition under the statement (a rescue ended the task meanwhile): the
+    statement is tried again at once, on the same session, with nothing logged."""
+    refuse_status(Status.SUCCESSFUL, names=(tasks.noop.name,), sqlstate="40001", times=2)
+    task = Task.objects.enqueue(tasks.noop)
+    [claimed] = Task.objects.claim("recorder")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        session = cursor.fetchone()[0]
+    with caplog.at_level(logging.WARNING):
+        assert Recorder("default").record([(claimed, Succeeded(None))]) == {
+            task.pk: Status.SUCCESSFUL}
+    assert caplog.text == ""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] == session
 
 
 def test_an_outcome_that_stays_unrecordable_is_reported_and_the_task_given_back(

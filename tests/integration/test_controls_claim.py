@@ -16,6 +16,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection, connections
 
+from django_pgtasks.base.schema import LIVE_TABLE
 from django_pgtasks.exceptions import InvalidTaskError
 from django_pgtasks.lifecycle import claim as claiming
 from django_pgtasks.models import Status, Task, WorkerProcess
@@ -373,7 +374,7 @@ def test_plain_and_controlled_candidate_scans_use_the_claim_index_on_a_large_tab
 
     with transaction.atomic():
         candidates = [claiming._plain_candidates(Task.objects, "default", "default", 10)]
-        sql, params = claiming.claim_statement(connection, "pgtasks_task", candidates, 10)
+        sql, params = claiming.claim_statement(connection, LIVE_TABLE, candidates, 10)
         plan = explain(sql, [*params, "w", "w"])
     assert plan.count("Index Scan using pgtasks_task_claim_idx") == 1, plan
     assert "Seq Scan on pgtasks_task " not in plan, plan

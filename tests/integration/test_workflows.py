@@ -13,6 +13,7 @@ import uuid
 import pytest
 from django.db import connection, connections, transaction
 
+from django_pgtasks.base.schema import LIVE_TABLE
 from django_pgtasks.exceptions import InvalidTaskError
 from django_pgtasks.models import Dependency, Status, Task, WorkflowMember
 from django_pgtasks.worker.loop import Worker
@@ -376,7 +377,7 @@ def test_the_claim_never_reads_tasks_waiting_for_parents() -> None:
     with transaction.atomic():
         candidates = [Task.objects.claimable("default").select_for_update(skip_locked=True)
                       .values_list("id", "priority", "run_after")[:10]]
-        sql, params = claim_statement(connection, "pgtasks_task", candidates, 10)
+        sql, params = claim_statement(connection, LIVE_TABLE, candidates, 10)
         with connection.cursor() as cursor:
             cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {sql}",
                            [*params, "w", "w"])

@@ -63,12 +63,14 @@ def table_away() -> Iterator[None]:
     """The task table is missing (renamed, committed) until the test ends."""
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE pgtasks_task RENAME TO pgtasks_task_away")
+        cursor.execute("ALTER TABLE pgtasks_task_live RENAME TO pgtasks_task_live_away")
     try:
         yield
     finally:
         connection.close()  # a connection left in a failed transaction by the test
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE pgtasks_task_away RENAME TO pgtasks_task")
+            cursor.execute("ALTER TABLE pgtasks_task_live_away RENAME TO pgtasks_task_live")
 
 
 def test_the_worker_refuses_to_start_and_says_to_migrate(empty_database, run_in) -> None:
@@ -119,7 +121,7 @@ def test_every_enqueue_form_raises_not_migrated(how: str) -> None:
     with pytest.raises(NotMigratedError, match=MIGRATE_HINT) as caught, transaction.atomic():
         enqueue()
     assert caught.value.alias == "default"
-    assert 'relation "pgtasks_task" does not exist' in str(caught.value.__cause__)
+    assert 'relation "pgtasks_task_live" does not exist' in str(caught.value.__cause__)
 
 
 @pytest.mark.usefixtures("table_away")

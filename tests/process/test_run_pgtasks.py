@@ -224,4 +224,4 @@ def test_a_worker_process_runs_every_side_job(subprocess_env) -> None:
     process = subprocess.run([sys.executable, "-c", code], env=subprocess_env,
                              capture_output=True, text=True, timeout=120)
     assert process.returncode == 0, process.stderr
-    assert process.stdout.strip() == "['purge', 'rescue', 'scheduler']"
+    assert process.stdout.strip() == "['partitions', 'purge', 'rescue', 'scheduler']"

@@ -1,0 +1,408 @@
+"""History partitions (migration 0014, django_pgtasks.patterns.partitions): where a task's row
+lives through its life, periods made ahead and dropped whole, catch partitions, cut-off turns,
+and every race of a row moving between partitions.
+
+These tests run outside a test transaction: ``DETACH PARTITION … CONCURRENTLY`` cannot run
+inside one, and the workers' own sessions must see the rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.db.models import Count
+
+from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE, LIVE_TABLE
+from django_pgtasks.checks import _history_warnings
+from django_pgtasks.models import ArchivedTask, Status, Task
+from django_pgtasks.models.dependencies import Dependency
+from django_pgtasks.patterns import partitions
+from django_pgtasks.patterns.retention import purge, purge_turn
+from django_pgtasks.worker.loop import Worker
+from tests.helpers import run_workers, wait_until
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DAY = timedelta(days=1)
+
+
+def where(pk: int) -> str:
+    """The partition that holds task ``pk`` now."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tableoid::regclass::text FROM pgtasks_task WHERE id = %s", [pk])
+        row = cursor.fetchone()
+    return row[0] if row else ""
+
+
+def db_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def table_exists(name: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+        return cursor.fetchone()[0]
+
+
+def first_period_start(table: str) -> datetime:
+    return min(p.start for p in partitions.partitions("default", table) if p.is_period)
+
+
+@pytest.fixture
+def past_period() -> Iterator[dict[str, str]]:
+    """Each history table gets a period for yesterday, split off its ``_before`` partition
+    (as if the workers had made it a day ago); the migration's layout comes back after."""
+    made: dict[str, str] = {}
+    with transaction.atomic(), connection.cursor() as cursor:
+        for table in (DONE_TABLE, FAILED_TABLE):
+            start = first_period_start(table)
+            name = f"{table}_p{(start - DAY):%Y%m%d}"
+            cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {table}_before")
+            cursor.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS "
+                           f"INCLUDING CONSTRAINTS INCLUDING STORAGE)")
+            cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {name} "
+                           f"FOR VALUES FROM (%s) TO (%s)", [start - DAY, start])
+            cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {table}_before "
+                           f"FOR VALUES FROM (MINVALUE) TO (%s)", [start - DAY])
+            made[table] = name
+    yield made
+    with transaction.atomic(), connection.cursor() as cursor:
+        for table, name in made.items():
+            if any(p.name == name for p in partitions.partitions("default", table)):
+                cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {name}")
+            cursor.execute(f"DROP TABLE IF EXISTS {name}")
+            cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {table}_before")
+            cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {table}_before "
+                           f"FOR VALUES FROM (MINVALUE) TO (%s)",
+                           [first_period_start(table)])
+
+
+def finished(status: str, at: datetime, count: int = 1, **fields) -> list[Task]:
+    return Task.objects.bulk_create([
+        Task(name="tests.testapp.tasks.noop", status=status, finished_at=at, attempt=1,
+             **fields) for _ in range(count)])
+
+
+# -- where a row lives ------------------------------------------------------------------------
+
+
+def test_a_task_lives_in_the_live_partition_then_in_its_history_period() -> None:
+    task = Task.objects.enqueue(tasks.noop)
+    assert where(task.pk) == LIVE_TABLE
+    Worker(burst=True, concurrency=1).run(install_signals=False)
+    task.refresh_from_db()
+    assert task.status == Status.SUCCESSFUL
+    assert where(task.pk) == f"{DONE_TABLE}_p{task.finished_at:%Y%m%d}"
+    # Everything that reads a finished task still finds it under the one table name.
+    assert Task.objects.get(pk=task.pk).result is None
+    assert list(Task.objects.finished().values_list("pk", flat=True)) == [task.pk]
+
+
+def test_a_failed_task_goes_to_the_failed_history_and_a_retry_brings_it_back_awake() -> None:
+    task = Task.objects.enqueue(tasks.always_fails, max_attempts=1)
+    Worker(burst=True, concurrency=1).run(install_signals=False)
+    assert where(task.pk).startswith(f"{FAILED_TABLE}_p")
+    with psycopg.connect(**_conninfo(), autocommit=True) as listener:
+        listener.execute("LISTEN pgtasks")
+        assert Task.objects.filter(pk=task.pk).retry_now() == 1
+        # The row came back from history: the workers of its queue are woken, as for any
+        # task that becomes due (the trigger of the live partition's INSERT).
+        notes = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.payload for n in notes] == ["default"]
+    assert where(task.pk) == LIVE_TABLE
+    Worker(burst=True, concurrency=1).run(install_signals=False)
+    assert Task.objects.get(pk=task.pk).status == Status.FAILED
+
+
+def _conninfo() -> dict:
+    s = connection.settings_dict
+    return {"host": s["HOST"] or None, "port": s["PORT"] or None, "user": s["USER"] or None,
+            "password": s["PASSWORD"] or None, "dbname": s["NAME"]}
+
+
+def test_an_end_written_without_finished_at_still_finds_its_period() -> None:
+    task = Task.objects.enqueue(tasks.noop)
+    with connection.cursor() as cursor:  # operator SQL that forgets finished_at
+        cursor.execute("UPDATE pgtasks_task SET status = 'CANCELLED' WHERE id = %s", [task.pk])
+    task.refresh_from_db()
+    assert task.finished_at is not None
+    assert where(task.pk).startswith(f"{DONE_TABLE}_p")
+    # And the ORM gives a finished task saved without one the current time.
+    saved = Task.objects.create(name="tests.testapp.tasks.noop", status=Status.FAILED)
+    assert saved.finished_at is not None
+    assert where(saved.pk).startswith(f"{FAILED_TABLE}_p")
+
+
+# -- made ahead, caught after -----------------------------------------------------------------
+
+
+def test_the_maintenance_makes_periods_ahead_once_under_concurrent_workers(settings) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "HISTORY_PREMAKE": 5}
+    results: list[bool] = []
+
+    def turn() -> None:
+        try:
+            results.append(partitions.maintain("default"))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=turn) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert True in results
+    for table in (DONE_TABLE, FAILED_TABLE):
+        parts = partitions.partitions("default", table)
+        periods = [p for p in parts if p.is_period]
+        # Contiguous periods from the first to at least five days past now, then _after.
+        assert all(a.end == b.start for a, b in itertools.pairwise(periods))
+        assert periods[-1].end >= db_now() + 5 * DAY
+        assert parts[-1].name == f"{table}_after"
+        assert parts[-1].start == periods[-1].end
+        assert parts[0].name == f"{table}_before"
+    assert partitions.maintain("default") is True  # nothing left to make: a no-op
+    assert not _history_warnings("default")
+
+
+def test_a_task_that_ends_past_the_periods_is_kept_and_moved_into_its_period(settings) -> None:
+    far = db_now() + 10 * DAY
+    [task] = finished(Status.SUCCESSFUL, far)
+    assert where(task.pk) == f"{DONE_TABLE}_after"
+    warnings = _history_warnings("default")
+    assert [w.id for w in warnings] == ["django_pgtasks.W070"]
+    assert "1 finished task(s)" in warnings[0].msg
+    settings.PGTASKS = {**settings.PGTASKS, "HISTORY_PREMAKE": 12}
+    assert partitions.maintain("default")
+    assert where(task.pk) == f"{DONE_TABLE}_p{far:%Y%m%d}"
+    assert not _history_warnings("default")
+
+
+def test_a_turn_cut_off_after_detaching_after_is_finished_by_the_next(settings) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {DONE_TABLE} DETACH PARTITION {DONE_TABLE}_after")
+    # Meanwhile a task ends: it has its period (made ahead), nothing is lost.
+    task = Task.objects.enqueue(tasks.noop)
+    Worker(burst=True, concurrency=1).run(install_signals=False)
+    assert where(task.pk).startswith(f"{DONE_TABLE}_p")
+    assert partitions.maintain("default")
+    assert partitions.partitions("default", DONE_TABLE)[-1].name == f"{DONE_TABLE}_after"
+
+
+def test_a_short_reach_is_reported() -> None:
+    with connection.cursor() as cursor:
+        for p in partitions.partitions("default", DONE_TABLE):
+            if p.is_period and p.start > db_now():
+                cursor.execute(f"ALTER TABLE {DONE_TABLE} DETACH PARTITION {p.name}")
+                cursor.execute(f"DROP TABLE {p.name}")
+        cursor.execute(f"ALTER TABLE {DONE_TABLE} DETACH PARTITION {DONE_TABLE}_after")
+        end = max(p.end for p in partitions.partitions("default", DONE_TABLE) if p.is_period)
+        cursor.execute(f"ALTER TABLE {DONE_TABLE} ATTACH PARTITION {DONE_TABLE}_after "
+                       f"FOR VALUES FROM (%s) TO (MAXVALUE)", [end])
+    assert "django_pgtasks.W071" in [w.id for w in _history_warnings("default")]
+    assert partitions.maintain("default")
+    assert not _history_warnings("default")
+
+
+# -- dropped whole ------------------------------------------------------------------------------
+
+
+def test_an_expired_period_is_dropped_whole_with_its_workflow_rows(past_period) -> None:
+    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the past period
+    old = finished(Status.SUCCESSFUL, yesterday, 3) + finished(Status.CANCELLED, yesterday)
+    old_failed = finished(Status.FAILED, yesterday, 2)
+    recent = finished(Status.SUCCESSFUL, db_now())
+    parent = Task.objects.enqueue(tasks.noop)
+    child = Task.objects.enqueue(tasks.noop, depends_on=[parent])
+    with connection.cursor() as cursor:  # the workflow's rows belong to an old task
+        cursor.execute("UPDATE pgtasks_dependency SET child_id = %s", [old[0].pk])
+    assert where(old[0].pk) == past_period[DONE_TABLE]
+
+    result = purge_turn("default")  # RETENTION 7 days, FAILED_RETENTION 30 days by default
+    assert result.deleted == {}
+    result = purge(older_than=timedelta(hours=1), exact=False)
+    assert result.deleted == {"SUCCESSFUL": 3, "CANCELLED": 1, "FAILED": 2}
+    assert not table_exists(past_period[DONE_TABLE])
+    assert not table_exists(past_period[FAILED_TABLE])
+    assert not Task.objects.filter(pk__in=[t.pk for t in old + old_failed]).exists()
+    assert Task.objects.filter(pk=recent[0].pk).exists()  # its period has not ended
+    assert not Dependency.objects.filter(child_id=old[0].pk).exists()
+    assert Task.objects.filter(pk__in=[parent.pk, child.pk]).count() == 2
+
+
+def test_an_expired_period_goes_to_the_archive_first(past_period, settings) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "ARCHIVE": True}
+    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the past period
+    old = finished(Status.SUCCESSFUL, yesterday, 2, result={"n": 1})
+    result = purge(older_than=timedelta(hours=1), exact=False)
+    assert result.archived == {"SUCCESSFUL": 2}
+    assert sorted(ArchivedTask.objects.values_list("id", "result")) == sorted(
+        (t.pk, {"n": 1}) for t in old)
+
+
+def test_periods_are_made_and_dropped_while_workers_drain(past_period, settings) -> None:
+    """DETACH … CONCURRENTLY and ATTACH take no lock that stops outcomes: workers end 400
+    tasks (each moving to history) while a period is dropped and periods are made."""
+    settings.PGTASKS = {**settings.PGTASKS, "HISTORY_PREMAKE": 6}
+    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the past period
+    finished(Status.SUCCESSFUL, yesterday, 50)
+    Task.objects.enqueue_many([tasks.noop.build() for _ in range(400)])
+    done = threading.Event()
+    outcomes: list[object] = []
+
+    def maintenance() -> None:
+        try:
+            wait_until(lambda: Task.objects.filter(status=Status.SUCCESSFUL).count() > 100)
+            outcomes.append(purge(older_than=timedelta(hours=1), exact=False))
+            outcomes.append(partitions.maintain("default"))
+        finally:
+            done.set()
+            connection.close()
+
+    thread = threading.Thread(target=maintenance)
+    thread.start()
+    run_workers([Worker(concurrency=4) for _ in range(2)],
+                until=lambda: done.is_set() and not Task.objects.exclude(
+                    status=Status.SUCCESSFUL).exists())
+    thread.join(60)
+    assert outcomes[0].deleted == {"SUCCESSFUL": 50}
+    assert outcomes[1] is True
+    assert not table_exists(past_period[DONE_TABLE])
+    assert Task.objects.filter(status=Status.SUCCESSFUL).count() == 400
+
+
+def test_a_drop_cut_off_after_the_detach_is_finished_by_the_next_purge(past_period) -> None:
+    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the past period
+    finished(Status.SUCCESSFUL, yesterday, 2)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {DONE_TABLE} DETACH PARTITION {past_period[DONE_TABLE]}")
+    result = purge(older_than=timedelta(days=365), exact=False)
+    assert result.deleted == {"SUCCESSFUL": 2}  # the orphan goes, whatever the age
+    assert not table_exists(past_period[DONE_TABLE])
+
+
+# -- rows that move under a concurrent statement ------------------------------------------
+
+
+def test_a_keyed_enqueue_waiting_for_the_end_of_the_keyed_task_succeeds() -> None:
+    """The live task of a key ends (its row moves to history) while an enqueue of the key
+    waits for its lock: the INSERT … ON CONFLICT starts over by itself and finds no live task
+    of the key."""
+    first = Task.objects.enqueue(tasks.noop, key="hot")
+    with psycopg.connect(**_conninfo()) as ending:
+        # The ending transaction holds the row's lock (as an outcome's UPDATE does while it
+        # runs); the enqueue finds the live task and waits for that lock.
+        ending.execute("SELECT 1 FROM pgtasks_task WHERE id = %s FOR UPDATE", [first.pk])
+        result: list[object] = []
+
+        def enqueue() -> None:
+            try:
+                with transaction.atomic():
+                    result.append(Task.objects.enqueue(tasks.noop, key="hot"))
+            except BaseException as exc:
+                result.append(exc)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=enqueue)
+        thread.start()
+        with psycopg.connect(**_conninfo(), autocommit=True) as watcher:
+            wait_until(lambda: watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%%ON CONFLICT%%'").fetchone()[0] == 1,
+                what="the enqueue waiting for the keyed task's lock")
+        ending.execute("UPDATE pgtasks_task SET status = 'CANCELLED', finished_at = now() "
+                       "WHERE id = %s", [first.pk])  # the row moves to history
+        ending.commit()
+        thread.join(30)
+    [second] = result
+    assert isinstance(second, Task), second
+    assert second.pk != first.pk
+    assert Task.objects.get(pk=first.pk).status == Status.CANCELLED
+    assert Task.objects.get(pk=second.pk).status == Status.READY
+
+
+def _held_then_ended(pk: int, waiting_for: str, action) -> list[object]:
+    """Lock task ``pk`` in another session, run ``action`` in a thread until it waits for
+    that lock (its statement contains ``waiting_for``), then end the task there (its row
+    moves to history) and commit; return what ``action`` returned or raised."""
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(action())
+        except BaseException as exc:
+            result.append(exc)
+        finally:
+            connection.close()
+
+    with psycopg.connect(**_conninfo()) as ending:
+        ending.execute("SELECT 1 FROM pgtasks_task WHERE id = %s FOR UPDATE", [pk])
+        thread = threading.Thread(target=run)
+        thread.start()
+        with psycopg.connect(**_conninfo(), autocommit=True) as watcher:
+            wait_until(lambda: watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE %s", [f"%{waiting_for}%"]).fetchone()[0] == 1,
+                what="the statement waiting for the task's lock")
+        ending.execute("UPDATE pgtasks_task SET status = 'SUCCESSFUL', finished_at = now() "
+                       "WHERE id = %s", [pk])
+        ending.commit()
+        thread.join(30)
+    return result
+
+
+def running_task(worker: str = "w-gone") -> Task:
+    task = Task.objects.enqueue(tasks.noop)
+    Task.objects.filter(pk=task.pk).update(status=Status.RUNNING, locked_by=worker,
+                                           locked_at=db_now() - timedelta(hours=2))
+    return task
+
+
+def test_a_cancel_waiting_for_a_task_that_ends_meanwhile_skips_it() -> None:
+    """An UPDATE that waited for a row that another transaction moved to history fails in
+    PostgreSQL (40001: it cannot follow the row across partitions); the cancel is tried
+    again, sees the task ended, and skips it."""
+    task = running_task()
+    [result] = _held_then_ended(task.pk, "cancel_requested",
+                                lambda: Task.objects.filter(pk=task.pk).cancel())
+    assert result == 0, result
+    assert (result.cancelled, result.stopping, result.skipped) == (0, 0, 1)
+    assert Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL
+
+
+def test_cancels_racing_with_claims_never_fail() -> None:
+    """Cancelling waiting tasks moves them to history while workers claim: neither the
+    claims nor the cancels fail, and every task ends once."""
+    ids = [t.pk for t in Task.objects.enqueue_many([tasks.noop.build() for _ in range(600)])]
+    errors: list[BaseException] = []
+
+    def canceller() -> None:
+        try:
+            for start in range(0, 600, 20):
+                Task.objects.filter(pk__in=ids[start:start + 20]).cancel()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=canceller)
+    thread.start()
+    run_workers([Worker(concurrency=2) for _ in range(2)],
+                until=lambda: not thread.is_alive() and not Task.objects.exclude(
+                    status__in=[Status.SUCCESSFUL, Status.CANCELLED]).exists())
+    thread.join(30)
+    assert not errors, errors
+    counts = dict(Task.objects.values_list("status").annotate(n=Count("id")))
+    assert sum(counts.values()) == 600
+    assert counts.get(Status.CANCELLED, 0) > 0
+
