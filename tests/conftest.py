@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.db import connection, connections
 
@@ -43,6 +44,34 @@ def subprocess_env(transactional_db: None) -> dict[str, str]:
 
 def manage_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "django", *args]
+
+
+@pytest.fixture
+def empty_database(subprocess_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The environment of a child process whose database exists but was never migrated."""
+    name = f"{connection.settings_dict['NAME']}_empty"
+    params = {"host": subprocess_env["PGHOST"] or None, "port": subprocess_env["PGPORT"] or None,
+              "user": subprocess_env["PGUSER"] or None,
+              "password": subprocess_env["PGPASSWORD"] or None, "dbname": "postgres"}
+    with psycopg.connect(**params, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield {**subprocess_env, "PGDATABASE": name}
+    finally:
+        with psycopg.connect(**params, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def run_in() -> Callable[..., subprocess.CompletedProcess]:
+    """Run ``django-admin <args>`` with the environment given."""
+
+    def run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(manage_command(*args), env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout)
+
+    return run
 
 
 @pytest.fixture

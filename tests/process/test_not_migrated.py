@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import io
 import logging
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-import psycopg
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
@@ -22,40 +20,11 @@ from django_pgtasks.checks import check_queue_tables
 from django_pgtasks.exceptions import NotMigratedError
 from django_pgtasks.models import Task
 from django_pgtasks.worker.loop import Worker
-from tests.conftest import ROOT, manage_command
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MIGRATE_HINT = "Run: python manage.py migrate"
-
-
-@pytest.fixture
-def empty_database(subprocess_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """The environment of a child process whose database exists but was never migrated."""
-    name = f"{connection.settings_dict['NAME']}_empty"
-    params = {"host": subprocess_env["PGHOST"] or None, "port": subprocess_env["PGPORT"] or None,
-              "user": subprocess_env["PGUSER"] or None,
-              "password": subprocess_env["PGPASSWORD"] or None, "dbname": "postgres"}
-    with psycopg.connect(**params, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield {**subprocess_env, "PGDATABASE": name}
-    finally:
-        with psycopg.connect(**params, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@pytest.fixture
-def run_in() -> Callable[..., subprocess.CompletedProcess]:
-    """Run ``django-admin <args>`` with the environment given."""
-
-    def run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(manage_command(*args), env=env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=timeout)
-
-    return run
 
 
 @pytest.fixture
