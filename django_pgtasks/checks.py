@@ -143,8 +143,8 @@ def _history_warnings(alias: str) -> list[Warning]:
             f"period made ({', '.join(report.tables_past)}): they are kept, in the catch "
             f"partition, until the maintenance makes their periods.",
             obj="PGTASKS", id="django_pgtasks.W070",
-            hint="Run a worker (run_pgtasks), whose maintenance makes the periods and moves "
-                 "these rows into them, or: python manage.py pgtasks_purge.",
+            hint="Run a worker (run_pgtasks): its maintenance makes the periods and moves "
+                 "these rows into them.",
         ))
     if report.short:
         warnings.append(Warning(

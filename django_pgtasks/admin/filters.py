@@ -1,11 +1,14 @@
-"""The task list's filters: queue, task name, error group, workflow."""
+"""The task list's filters: queue, task name, when finished, error group, workflow."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.db.models import Value
+from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
@@ -88,6 +91,36 @@ class NameFilter(admin.SimpleListFilter):
         if value is None:
             return queryset
         return queryset.filter(name=_checked_param(value, _max_length("name")))
+
+
+class FinishedFilter(admin.SimpleListFilter):
+    """Tasks that ended in the last hour, day, week or 30 days, on the database clock.
+
+    A range of ``finished_at``, the key of the history's partitions: the list (and its
+    other filters, such as an error group) reads only the periods of that range.
+    """
+
+    title = _("finished")
+    parameter_name = "finished"
+    SPANS = {
+        "1h": (timedelta(hours=1), _("Last hour")),
+        "24h": (timedelta(days=1), _("Last 24 hours")),
+        "7d": (timedelta(days=7), _("Last 7 days")),
+        "30d": (timedelta(days=30), _("Last 30 days")),
+    }
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [(key, label) for key, (_span, label) in self.SPANS.items()]
+
+    def queryset(self, request: HttpRequest, queryset: TaskQuerySet) -> TaskQuerySet:
+        value = self.value()
+        if value is None:
+            return queryset
+        if value not in self.SPANS:
+            raise IncorrectLookupParameters(
+                f"finished must be one of {', '.join(self.SPANS)}, not {value!r}.")
+        span = self.SPANS[value][0]
+        return queryset.finished().filter(finished_at__gte=Now() - Value(span))
 
 
 class SelectedOnlyFilter(admin.SimpleListFilter):

@@ -31,6 +31,7 @@ from django_pgtasks.admin.common import (
 from django_pgtasks.admin.dashboard import DashboardMixin
 from django_pgtasks.admin.filters import (
     ErrorGroupFilter,
+    FinishedFilter,
     NameFilter,
     QueueFilter,
     WorkflowFilter,
@@ -53,7 +54,8 @@ class TaskAdmin(TaskActionsMixin, DashboardMixin, WorkflowFieldsMixin, admin.Mod
         "id", "name", "status", "attempts", "error_summary", "queue", "priority",
         "run_after", "finished_at", "payload_summary",
     )
-    list_filter = ("status", QueueFilter, NameFilter, ErrorGroupFilter, WorkflowFilter)
+    list_filter = ("status", FinishedFilter, QueueFilter, NameFilter, ErrorGroupFilter,
+                   WorkflowFilter)
     search_fields = ("key__exact",)
     search_help_text = _("A task id, or an exact deduplication key.")
     ordering = ("-id",)

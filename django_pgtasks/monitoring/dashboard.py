@@ -124,9 +124,18 @@ FINISHED_WINDOW_SQL = f"""
 # ids are handed out in the order tasks are enqueued, so the tasks enqueued between two
 # times are the ids between their boundaries. Reads a few hundred index entries, however
 # many tasks the hours hold. Ids of rolled-back inserts count too, hence an estimate.
-ENQUEUED_BOUNDARIES_SQL = """
+#
+# The task table is partitioned (live tasks, and history by finished_at): a lookup by id
+# probes every partition. Only tasks created since the first time can be an answer, and
+# those are live or ended since then, so the search reads the live partition and the history
+# periods from %(since)s on (a finished task ended after it was created); the tasks it leaves
+# out were created before every time, so they neither answer nor lie between two answers.
+_SINCE_FIRST_MARK = ("(status IN ('WAITING', 'READY', 'RUNNING', 'AWAITING_RETRY') "
+                     "OR finished_at >= %(since)s)")
+ENQUEUED_BOUNDARIES_SQL = f"""
     WITH RECURSIVE
-    bounds AS (SELECT min(id) AS lo, max(id) + 1 AS hi FROM pgtasks_task),
+    bounds AS (SELECT min(id) AS lo, max(id) + 1 AS hi FROM pgtasks_task
+               WHERE {_SINCE_FIRST_MARK}),
     search AS (
         SELECT m.t, b.lo, b.hi
         FROM unnest(%(marks)s::timestamptz[]) AS m(t), bounds b
@@ -138,7 +147,7 @@ ENQUEUED_BOUNDARIES_SQL = """
         FROM search s
         CROSS JOIN LATERAL (
             SELECT id, created_at FROM pgtasks_task
-            WHERE id >= (s.lo + s.hi) / 2 ORDER BY id LIMIT 1
+            WHERE id >= (s.lo + s.hi) / 2 AND {_SINCE_FIRST_MARK} ORDER BY id LIMIT 1
         ) r
         WHERE s.lo < s.hi
     )
@@ -158,12 +167,16 @@ WORKERS_SQL = f"""
     LIMIT {MAX_WORKERS}
 """
 
+# Per partition of the task table (the live one and every history period): its rows and
+# its statuses' frequencies, as autovacuum's ANALYZE of each keeps them (the partitioned
+# table's own statistics are never kept up by autovacuum). -1 rows: never analyzed.
 ESTIMATE_SQL = """
     SELECT c.reltuples::float8, s.most_common_vals::text::text[], s.most_common_freqs
-    FROM pg_class c
+    FROM pg_partition_tree('pgtasks_task') p
+    JOIN pg_class c ON c.oid = p.relid
     LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = c.relname
                         AND s.attname = 'status'
-    WHERE c.oid = 'pgtasks_task'::regclass
+    WHERE p.isleaf
 """
 
 
@@ -421,7 +434,7 @@ def enqueued_boundaries(using: str, marks: list[datetime]) -> dict[datetime, int
     """For each time, the first task id enqueued at or after it (see the SQL above); the
     newest id plus one for times after the newest task."""
     with _cursor(using) as cursor:
-        cursor.execute(ENQUEUED_BOUNDARIES_SQL, {"marks": marks})
+        cursor.execute(ENQUEUED_BOUNDARIES_SQL, {"marks": marks, "since": min(marks, default=None)})
         return {t: boundary for t, boundary, _ in cursor.fetchall()}
 
 
@@ -479,14 +492,15 @@ def table_estimate(using: str) -> TableEstimate:
     """Rows of the task table and per status, from the planner's statistics."""
     with _cursor(using) as cursor:
         cursor.execute(ESTIMATE_SQL)
-        row = cursor.fetchone()
-    if row is None or row[0] is None or row[0] < 0:
+        partitions = [row for row in cursor.fetchall() if row[0] is not None and row[0] >= 0]
+    if not partitions:
         return TableEstimate(None, {})
-    rows, values, freqs = row
-    by_status = {}
-    if values and freqs:
-        by_status = {v: round(rows * f) for v, f in zip(values, freqs, strict=False)}
-    return TableEstimate(round(rows), by_status)
+    by_status: dict[str, float] = {}
+    for rows, values, freqs in partitions:
+        for value, freq in zip(values or (), freqs or (), strict=False):
+            by_status[value] = by_status.get(value, 0.0) + rows * freq
+    return TableEstimate(round(sum(row[0] for row in partitions)),
+                         {status: round(n) for status, n in by_status.items()})
 
 
 def window_start(now: datetime, hours: int) -> datetime:

@@ -44,6 +44,7 @@ from django.db import DatabaseError, connections, transaction
 
 from django_pgtasks.base import maintenance
 from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE
+from django_pgtasks.base.sessions import transaction_pooler
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.transitions import LOCK_NAMESPACE
 from django_pgtasks.models.task import archive_columns
@@ -173,17 +174,23 @@ def _execute(alias: str, sql: str, params: list | None = None) -> None:
 
 
 def _detach(alias: str, parent: str, name: str) -> None:
-    """Detach ``name`` from ``parent``: CONCURRENTLY outside a transaction, else plainly."""
+    """Detach ``name`` from ``parent``: CONCURRENTLY outside a transaction, else plainly (a
+    turn behind a transaction pooler runs in one transaction: see :class:`locked`)."""
     if connections[alias].in_atomic_block:
         with transaction.atomic(using=alias):
             _execute(alias, f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
             _execute(alias, f"ALTER TABLE {_q(parent)} DETACH PARTITION {_q(name)}")
         return
-    try:
-        _execute(alias, f"SET statement_timeout = {DETACH_TIMEOUT_MS}")
-        _execute(alias, f"ALTER TABLE {_q(parent)} DETACH PARTITION {_q(name)} CONCURRENTLY")
-    finally:
-        _execute(alias, "RESET statement_timeout")
+    # The session's own statement_timeout (the worker loop sets one) comes back after.
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT current_setting('statement_timeout')")
+        previous = cursor.fetchone()[0]
+        cursor.execute("SELECT set_config('statement_timeout', %s, false)",
+                       [str(DETACH_TIMEOUT_MS)])
+        try:
+            cursor.execute(f"ALTER TABLE {_q(parent)} DETACH PARTITION {_q(name)} CONCURRENTLY")
+        finally:
+            cursor.execute("SELECT set_config('statement_timeout', %s, false)", [previous])
 
 
 # -- making periods ahead --------------------------------------------------------------------
@@ -357,21 +364,39 @@ def maintain(alias: str) -> bool:
 
 
 class locked:
-    """The advisory lock of partition work, for the session (DDL and CONCURRENTLY span
-    several transactions); ``as`` gives whether it was acquired (``wait=False``)."""
+    """The advisory lock of partition work; ``as`` gives whether it was acquired (always,
+    with ``wait=True``).
+
+    It is held by the session, since the work spans several transactions (``DETACH …
+    CONCURRENTLY`` runs two of its own). Behind a pooler in transaction mode, or on a
+    connection of a pool, a session lock would stay with a server session the worker does
+    not own: there the whole turn runs in one transaction, which holds the lock, and every
+    detach is a plain one in it (``LOCK_TIMEOUT_MS`` bounds its wait for the table's lock).
+    """
 
     def __init__(self, alias: str, wait: bool = False) -> None:
         self.alias, self.wait = alias, wait
         self.acquired = False
+        self.atomic: transaction.Atomic | None = None
 
     def __enter__(self) -> bool:
-        with connections[self.alias].cursor() as cursor:
+        connection = connections[self.alias]
+        connection.ensure_connection()
+        if transaction_pooler() or getattr(connection, "pool", None) is not None:
+            self.atomic = transaction.atomic(using=self.alias)
+            self.atomic.__enter__()
+            fn = "pg_advisory_xact_lock" if self.wait else "pg_try_advisory_xact_lock"
+        else:
             fn = "pg_advisory_lock" if self.wait else "pg_try_advisory_lock"
+        with connection.cursor() as cursor:
             cursor.execute(f"SELECT {fn}(%s, %s)", [LOCK_NAMESPACE, PARTITION_LOCK_KEY])
             self.acquired = self.wait or bool(cursor.fetchone()[0])
         return self.acquired
 
     def __exit__(self, *exc: object) -> None:
+        if self.atomic is not None:
+            self.atomic.__exit__(*exc)  # type: ignore[arg-type]
+            return
         if not self.acquired:
             return
         connection = connections[self.alias]

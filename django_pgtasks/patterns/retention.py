@@ -80,24 +80,32 @@ def to_seconds(value: Age | None) -> float | None:
 # with server-side parameter binding. The batch reports how many rows of each status it took
 # and the newest time among them.
 #
-# That time is the next batch's lower bound (``>= %s``, NULL for the first batch). The finished
-# index holds every end state but not the status, so without it each batch of successes would
-# walk again past all the FAILED rows that are kept longer and sort first (e.g. 7 to 30 days
-# old), checking each in the heap. Rows of that status older than the bound were all taken by
-# the earlier batches, save rows locked at the time, which the next purge takes.
+# That time is the next batch's lower bound (``%(after)s``, NULL for the first batch): rows
+# of that status older than it were all taken by the earlier batches, save rows locked at the
+# time, which the next purge takes; so no batch walks again past rows it leaves. ``%(below)s``
+# (the workers' turn) leaves the rows of the history's periods to the partition drops.
+#
+# The history is partitioned by finished_at: the same range and the statuses stand on the
+# DELETE itself too, so that it reaches only the partitions that hold the rows (the ids the
+# subquery finds say nothing of the partition; without them every id is looked up in every
+# period of the table).
+_RANGE = """status IN ({statuses}) AND finished_at < now() - make_interval(secs => %(age)s)
+      AND finished_at >= coalesce(%(after)s::timestamptz, '-infinity')
+      AND finished_at < coalesce(%(below)s::timestamptz, 'infinity')"""
 
-_OLDEST_FINISHED = """
+_OLDEST_FINISHED = f"""
     SELECT id FROM pgtasks_task
-    WHERE status IN ({statuses}) AND finished_at < now() - make_interval(secs => %s)
-      AND finished_at >= coalesce(%s::timestamptz, '-infinity')
-      AND finished_at < coalesce(%s::timestamptz, 'infinity')
-    ORDER BY finished_at LIMIT %s
+    WHERE {_RANGE}
+    ORDER BY finished_at LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 """
 
+# The candidates are a CTE, read once: as a subquery of the DELETE, the planner may run it
+# again for every row of the range it scans (a semi join), and each run takes LIMIT rows more.
 DELETE_SQL = """
-    WITH gone AS (
-        DELETE FROM pgtasks_task WHERE id IN ({oldest}) AND {prune}
+    WITH oldest AS MATERIALIZED ({oldest}),
+    gone AS (
+        DELETE FROM pgtasks_task WHERE id IN (SELECT id FROM oldest) AND {prune}
         RETURNING status, finished_at
     )
     SELECT status, count(*), max(finished_at) FROM gone GROUP BY status
@@ -107,8 +115,10 @@ DELETE_SQL = """
 # is never in both tables nor in neither. A task restored from the archive by hand (same id)
 # and archived again replaces its old archived copy instead of failing every later batch.
 ARCHIVE_SQL = """
-    WITH moved AS (
-        DELETE FROM pgtasks_task WHERE id IN ({oldest}) AND {prune} RETURNING {columns}
+    WITH oldest AS MATERIALIZED ({oldest}),
+    moved AS (
+        DELETE FROM pgtasks_task WHERE id IN (SELECT id FROM oldest) AND {prune}
+        RETURNING {columns}
     ), archived AS (
         INSERT INTO pgtasks_task_archive ({columns}, archived_at)
         SELECT {columns}, now() FROM moved
@@ -123,10 +133,9 @@ ARCHIVE_EXPIRE_SQL = """
     WITH gone AS (
         DELETE FROM pgtasks_task_archive WHERE id IN (
             SELECT id FROM pgtasks_task_archive
-            WHERE archived_at < now() - make_interval(secs => %s)
-              AND archived_at >= coalesce(%s::timestamptz, '-infinity')
-              AND %s::timestamptz IS NULL
-            ORDER BY archived_at LIMIT %s
+            WHERE archived_at < now() - make_interval(secs => %(age)s)
+              AND archived_at >= coalesce(%(after)s::timestamptz, '-infinity')
+            ORDER BY archived_at LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
         )
         RETURNING status, archived_at
@@ -136,13 +145,13 @@ ARCHIVE_EXPIRE_SQL = """
 
 COUNT_FINISHED_SQL = """
     SELECT status, count(*) FROM pgtasks_task
-    WHERE status IN ({statuses}) AND finished_at < now() - make_interval(secs => %s)
+    WHERE status IN ({statuses}) AND finished_at < now() - make_interval(secs => %(age)s)
     GROUP BY status
 """
 
 COUNT_ARCHIVE_SQL = """
     SELECT status, count(*) FROM pgtasks_task_archive
-    WHERE archived_at < now() - make_interval(secs => %s)
+    WHERE archived_at < now() - make_interval(secs => %(age)s)
     GROUP BY status
 """
 
@@ -155,7 +164,7 @@ def _move_sql(statuses: tuple[str, ...], archive: bool) -> str:
     oldest = _OLDEST_FINISHED.format(statuses=_literals(statuses))
     # The statuses again on the DELETE itself, so that it reaches the history table of these
     # statuses alone (the ids found by the subquery say nothing of the partition).
-    prune = f"status IN ({_literals(statuses)})"
+    prune = _RANGE.format(statuses=_literals(statuses))
     if not archive:
         return DELETE_SQL.format(oldest=oldest, prune=prune)
     columns, updates = archive_columns()
@@ -263,7 +272,8 @@ def _batch(
                            [LOCK_NAMESPACE, PURGE_LOCK_KEY])
             if not cursor.fetchone()[0]:
                 return None
-        cursor.execute(step.sql, [step.seconds, after, step.below, batch_size])
+        cursor.execute(step.sql, {"age": step.seconds, "after": after, "below": step.below,
+                                  "limit": batch_size})
         rows = cursor.fetchall()
     return {status: count for status, count, _newest in rows}, max(
         (newest for _status, _count, newest in rows), default=after)
@@ -326,30 +336,29 @@ def purge(
     if dry_run:
         with connections[alias].cursor() as cursor:
             for step in steps:
-                cursor.execute(step.sql, [step.seconds])
+                cursor.execute(step.sql, {"age": step.seconds})
                 result._add(step.kind, dict(cursor.fetchall()))
         return result
 
     started = time.monotonic()
     deadline = None if time_limit is None else started + time_limit
     kind = ARCHIVED if archive else DELETED
+    # Whole periods first (one worker at a time: another one making or dropping periods
+    # right now leaves them to the next turn), then rows one batch at a time.
     with partitions.locked(alias, wait=wait) as acquired:
-        if not acquired:
-            result.skipped, result.complete = True, False
-            return result
-        for table, seconds in _ages(older_than, failed_older_than).items():
+        for table, seconds in _ages(older_than, failed_older_than).items() if acquired else ():
             for dropped in partitions.drop_expired(alias, table, seconds, archive):
                 result._add(kind, dropped.counts)
                 if on_batch is not None:
                     on_batch(kind, dropped.counts)
-        if not exact:
-            starts = {table: min((p.start for p in partitions.partitions(alias, table)
-                                  if p.is_period), default=None)
-                      for table in partitions.HISTORY_TABLES}
-            steps = [dataclasses.replace(step, below=min(
-                         (starts[t] for t in step.tables if starts[t] is not None),
-                         default=None)) if step.tables else step
-                     for step in steps]
+    if not exact:
+        starts = {table: min((p.start for p in partitions.partitions(alias, table)
+                              if p.is_period), default=None)
+                  for table in partitions.HISTORY_TABLES}
+        steps = [dataclasses.replace(step, below=min(
+                     (starts[t] for t in step.tables if starts[t] is not None),
+                     default=None)) if step.tables else step
+                 for step in steps]
     # Round robin over the kinds of batch, so a large backlog of one (say, successes) does not
     # starve the others within a bounded turn. A kind is done when a batch comes back short.
     pending = list(steps)

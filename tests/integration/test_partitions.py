@@ -59,27 +59,33 @@ def first_period_start(table: str) -> datetime:
 
 @pytest.fixture
 def past_period() -> Iterator[dict[str, str]]:
-    """Each history table gets a period for yesterday, split off its ``_before`` partition
-    (as if the workers had made it a day ago); the migration's layout comes back after."""
-    made: dict[str, str] = {}
+    """Each history table gets periods for the two days before today, split off its
+    ``_before`` partition (as if the workers had made them then); the older one, which no
+    window of the last 24 hours reaches, is given (per table) to the test. The migration's
+    layout comes back after."""
+    made: dict[str, list[str]] = {}
     with transaction.atomic(), connection.cursor() as cursor:
         for table in (DONE_TABLE, FAILED_TABLE):
             start = first_period_start(table)
-            name = f"{table}_p{(start - DAY):%Y%m%d}"
             cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {table}_before")
-            cursor.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS "
-                           f"INCLUDING CONSTRAINTS INCLUDING STORAGE)")
-            cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {name} "
-                           f"FOR VALUES FROM (%s) TO (%s)", [start - DAY, start])
+            for days in (2, 1):
+                name = f"{table}_p{(start - days * DAY):%Y%m%d}"
+                cursor.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS "
+                               f"INCLUDING CONSTRAINTS INCLUDING STORAGE)")
+                cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {name} "
+                               f"FOR VALUES FROM (%s) TO (%s)",
+                               [start - days * DAY, start - (days - 1) * DAY])
+                made.setdefault(table, []).append(name)
             cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {table}_before "
-                           f"FOR VALUES FROM (MINVALUE) TO (%s)", [start - DAY])
-            made[table] = name
-    yield made
+                           f"FOR VALUES FROM (MINVALUE) TO (%s)", [start - 2 * DAY])
+    yield {table: names[0] for table, names in made.items()}
     with transaction.atomic(), connection.cursor() as cursor:
-        for table, name in made.items():
-            if any(p.name == name for p in partitions.partitions("default", table)):
-                cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {name}")
-            cursor.execute(f"DROP TABLE IF EXISTS {name}")
+        for table, names in made.items():
+            attached = {p.name for p in partitions.partitions("default", table)}
+            for name in names:
+                if name in attached:
+                    cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {name}")
+                cursor.execute(f"DROP TABLE IF EXISTS {name}")
             cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {table}_before")
             cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {table}_before "
                            f"FOR VALUES FROM (MINVALUE) TO (%s)",
@@ -217,7 +223,7 @@ def test_a_short_reach_is_reported() -> None:
 
 
 def test_an_expired_period_is_dropped_whole_with_its_workflow_rows(past_period) -> None:
-    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the past period
+    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the older past period
     old = finished(Status.SUCCESSFUL, yesterday, 3) + finished(Status.CANCELLED, yesterday)
     old_failed = finished(Status.FAILED, yesterday, 2)
     recent = finished(Status.SUCCESSFUL, db_now())
@@ -241,7 +247,7 @@ def test_an_expired_period_is_dropped_whole_with_its_workflow_rows(past_period) 
 
 def test_an_expired_period_goes_to_the_archive_first(past_period, settings) -> None:
     settings.PGTASKS = {**settings.PGTASKS, "ARCHIVE": True}
-    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the past period
+    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the older past period
     old = finished(Status.SUCCESSFUL, yesterday, 2, result={"n": 1})
     result = purge(older_than=timedelta(hours=1), exact=False)
     assert result.archived == {"SUCCESSFUL": 2}
@@ -253,7 +259,7 @@ def test_periods_are_made_and_dropped_while_workers_drain(past_period, settings)
     """DETACH … CONCURRENTLY and ATTACH take no lock that stops outcomes: workers end 400
     tasks (each moving to history) while a period is dropped and periods are made."""
     settings.PGTASKS = {**settings.PGTASKS, "HISTORY_PREMAKE": 6}
-    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the past period
+    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the older past period
     finished(Status.SUCCESSFUL, yesterday, 50)
     Task.objects.enqueue_many([tasks.noop.build() for _ in range(400)])
     done = threading.Event()
@@ -281,7 +287,7 @@ def test_periods_are_made_and_dropped_while_workers_drain(past_period, settings)
 
 
 def test_a_drop_cut_off_after_the_detach_is_finished_by_the_next_purge(past_period) -> None:
-    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the past period
+    yesterday = first_period_start(DONE_TABLE) + DAY / 2  # inside the older past period
     finished(Status.SUCCESSFUL, yesterday, 2)
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER TABLE {DONE_TABLE} DETACH PARTITION {past_period[DONE_TABLE]}")
@@ -406,3 +412,62 @@ def test_cancels_racing_with_claims_never_fail() -> None:
     assert sum(counts.values()) == 600
     assert counts.get(Status.CANCELLED, 0) > 0
 
+
+
+def test_the_dashboard_estimates_count_every_partition() -> None:
+    from django_pgtasks.monitoring.dashboard import table_estimate
+
+    Task.objects.enqueue_many([tasks.noop.build() for _ in range(30)])
+    finished(Status.SUCCESSFUL, db_now(), 50)
+    finished(Status.FAILED, db_now(), 20)
+    with connection.cursor() as cursor:
+        for table in (LIVE_TABLE, DONE_TABLE, FAILED_TABLE):
+            cursor.execute(f"ANALYZE {table}")
+    estimate = table_estimate("default")
+    assert estimate.rows == 100
+    assert estimate.by_status == {"READY": 30, "SUCCESSFUL": 50, "FAILED": 20}
+
+
+def test_behind_a_transaction_pooler_a_turn_is_one_transaction(past_period, settings) -> None:
+    """No session lock or session setting is left on a server session the worker does not
+    own: the turn holds a transaction lock, and detaches plainly in its transaction."""
+    settings.PGTASKS = {**settings.PGTASKS, "POOLER": "transaction", "HISTORY_PREMAKE": 6}
+    yesterday = first_period_start(DONE_TABLE) + DAY / 2
+    finished(Status.SUCCESSFUL, yesterday, 2)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('statement_timeout')")
+        timeout = cursor.fetchone()[0]
+    assert purge(older_than=timedelta(hours=1), exact=False).deleted == {"SUCCESSFUL": 2}
+    assert partitions.maintain("default")
+    assert max(p.end for p in partitions.partitions("default", DONE_TABLE)
+               if p.is_period) >= db_now() + 6 * DAY
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                       "AND pid = pg_backend_pid()")
+        assert cursor.fetchone()[0] == 0
+        cursor.execute("SELECT current_setting('statement_timeout')")
+        assert cursor.fetchone()[0] == timeout
+
+
+def test_the_task_list_of_a_time_range_reads_only_its_periods(past_period, admin_client) -> None:
+    from django.urls import reverse
+
+    from django_pgtasks.admin.filters import FinishedFilter
+
+    yesterday = first_period_start(DONE_TABLE) + DAY / 2
+    old = finished(Status.SUCCESSFUL, yesterday, 2)
+    recent = finished(Status.SUCCESSFUL, db_now() - timedelta(minutes=5))
+    Task.objects.enqueue(tasks.noop)
+    response = admin_client.get(reverse("admin:django_pgtasks_task_changelist"),
+                                {"finished": "1h"})
+    assert response.status_code == 200
+    assert [t.pk for t in response.context["cl"].result_list] == [recent[0].pk]
+    assert old[0].pk not in [t.pk for t in response.context["cl"].result_list]
+    # The query reads neither yesterday's period nor the live partition.
+    queryset = FinishedFilter(None, {"finished": ["24h"]}, Task, None).queryset(
+        None, Task.objects.order_by("-id"))
+    plan = queryset.explain()
+    assert past_period[DONE_TABLE] not in plan, plan
+    assert LIVE_TABLE not in plan, plan
+    assert admin_client.get(reverse("admin:django_pgtasks_task_changelist"),
+                            {"finished": "2h"}).status_code in (200, 302)

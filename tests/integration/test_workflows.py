@@ -387,7 +387,8 @@ def test_the_claim_never_reads_tasks_waiting_for_parents() -> None:
     assert "Index Scan using pgtasks_task_claim_idx" in plan, plan
     assert "Seq Scan" not in plan, plan
     assert "Rows Removed by Filter" not in plan, plan
-    buffers = [int(n) for n in re.findall(r"shared hit=(\d+)", plan)]
+    # The statement's own reads (the planner's catalog reads, first in a session, are not).
+    buffers = [int(n) for n in re.findall(r"shared hit=(\d+)", plan.split("Planning:")[0])]
     assert max(buffers) < 200, plan
 
 
