@@ -130,12 +130,30 @@ FINISHED_WINDOW_SQL = f"""
 # those are live or ended since then, so the search reads the live partition and the history
 # periods from %(since)s on (a finished task ended after it was created); the tasks it leaves
 # out were created before every time, so they neither answer nor lie between two answers.
-_SINCE_FIRST_MARK = ("(status IN ('WAITING', 'READY', 'RUNNING', 'AWAITING_RETRY') "
-                     "OR finished_at >= %(since)s)")
+# Each lookup is two, each an ordered index scan pruned on its own partition key, and the
+# nearer answer wins: one condition joining the two with OR could prune neither level of
+# the table, and a UNION of the two as one relation would be sorted whole.
+
+
+def _nearest(where: str, order: str = "id") -> str:
+    """The first task by ``order`` among the live ones and those ended since the first
+    time, with ``where``."""
+    return f"""(
+        SELECT id, created_at FROM (
+            (SELECT id, created_at FROM pgtasks_task_live WHERE {where}
+             ORDER BY {order} LIMIT 1)
+            UNION ALL
+            (SELECT id, created_at FROM pgtasks_task
+             WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') AND finished_at >= %(since)s
+               AND {where}
+             ORDER BY {order} LIMIT 1)
+        ) AS two ORDER BY {order} LIMIT 1)"""
+
+
 ENQUEUED_BOUNDARIES_SQL = f"""
     WITH RECURSIVE
-    bounds AS (SELECT min(id) AS lo, max(id) + 1 AS hi FROM pgtasks_task
-               WHERE {_SINCE_FIRST_MARK}),
+    bounds AS (SELECT (SELECT id FROM {_nearest("true")} AS f) AS lo,
+                      (SELECT id FROM {_nearest("true", "id DESC")} AS l) + 1 AS hi),
     search AS (
         SELECT m.t, b.lo, b.hi
         FROM unnest(%(marks)s::timestamptz[]) AS m(t), bounds b
@@ -145,10 +163,7 @@ ENQUEUED_BOUNDARIES_SQL = f"""
                CASE WHEN r.created_at >= s.t THEN s.lo ELSE r.id + 1 END,
                CASE WHEN r.created_at >= s.t THEN (s.lo + s.hi) / 2 ELSE s.hi END
         FROM search s
-        CROSS JOIN LATERAL (
-            SELECT id, created_at FROM pgtasks_task
-            WHERE id >= (s.lo + s.hi) / 2 AND {_SINCE_FIRST_MARK} ORDER BY id LIMIT 1
-        ) r
+        CROSS JOIN LATERAL {_nearest("id >= (s.lo + s.hi) / 2")} AS r
         WHERE s.lo < s.hi
     )
     SELECT t, lo, (SELECT hi FROM bounds) FROM search WHERE lo >= hi
