@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,9 +198,7 @@ def pages() -> list[tuple[str, str]]:
 
 def time_pages(repeat: int, show_queries: bool = False, only: str = "") -> None:
     from django.contrib.auth.models import User
-    from django.db import connection
     from django.test import Client
-    from django.test.utils import CaptureQueriesContext
 
     client = Client()
     client.force_login(User.objects.create_superuser("bench", "bench@example.com", "x"))
@@ -208,16 +207,7 @@ def time_pages(repeat: int, show_queries: bool = False, only: str = "") -> None:
     for title, url in pages():
         if only not in title:
             continue
-        response = client.get(url)  # warm-up
-        assert response.status_code == 200, (title, response.status_code)
-        timings, sql_times = [], []
-        for _ in range(repeat):
-            with CaptureQueriesContext(connection) as captured:
-                started = time.perf_counter()
-                response = client.get(url)
-                timings.append(time.perf_counter() - started)
-            assert response.status_code == 200, (title, response.status_code)
-            sql_times.append(sum(float(q["time"]) for q in captured.captured_queries))
+        timings, sql_times, captured = time_page(client, title, url, repeat)
         slowest = max(captured.captured_queries, key=lambda q: float(q["time"]))
         sql = " ".join(slowest["sql"].split())
         print(f"{title:<46} {statistics.median(timings) * 1000:>6.0f}ms "
@@ -228,6 +218,25 @@ def time_pages(repeat: int, show_queries: bool = False, only: str = "") -> None:
             for query in captured.captured_queries:
                 print(f"    {float(query['time']) * 1000:6.1f}ms  "
                       f"{' '.join(query['sql'].split())[:150]}")
+
+
+def time_page(client, title: str, url: str, repeat: int) -> tuple[list[float], list[float], Any]:
+    """Render ``url`` once to warm up, then ``repeat`` times: the render times, the SQL time
+    of each, and the queries of the last render (a CaptureQueriesContext)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    response = client.get(url)  # warm-up
+    assert response.status_code == 200, (title, response.status_code)
+    timings, sql_times = [], []
+    for _ in range(repeat):
+        with CaptureQueriesContext(connection) as captured:
+            started = time.perf_counter()
+            response = client.get(url)
+            timings.append(time.perf_counter() - started)
+        assert response.status_code == 200, (title, response.status_code)
+        sql_times.append(sum(float(q["time"]) for q in captured.captured_queries))
+    return timings, sql_times, captured
 
 
 def main() -> int:

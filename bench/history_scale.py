@@ -73,7 +73,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path[:0] = [str(BENCH), str(ROOT)]
 
-from admin_render import NAMES, SEED_RUNNING, SEED_WAITING  # noqa: E402
+from admin_render import NAMES, SEED_RUNNING, SEED_WAITING, time_page  # noqa: E402
 from common import drop_database, machine_description, percentile, recreate_database  # noqa: E402
 
 DEFAULT_OUTPUT = BENCH / "results" / "history_scale.md"
@@ -370,21 +370,9 @@ def admin_pages() -> list[tuple[str, str]]:
 
 
 def time_pages(client, repeat: int) -> dict[str, dict[str, object]]:
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     results = {}
     for title, url in admin_pages():
-        response = client.get(url)  # warm-up
-        assert response.status_code == 200, (title, response.status_code)
-        timings, sql_times = [], []
-        for _ in range(repeat):
-            with CaptureQueriesContext(connection) as captured:
-                started = time.perf_counter()
-                response = client.get(url)
-                timings.append(time.perf_counter() - started)
-            assert response.status_code == 200, (title, response.status_code)
-            sql_times.append(sum(float(q["time"]) for q in captured.captured_queries))
+        timings, sql_times, captured = time_page(client, title, url, repeat)
         slowest = max(captured.captured_queries, key=lambda q: float(q["time"]))
         results[title] = {
             "median": statistics.median(timings), "max": max(timings),

@@ -304,36 +304,15 @@ def test_a_keyed_enqueue_waiting_for_the_end_of_the_keyed_task_succeeds() -> Non
     waits for its lock: the INSERT … ON CONFLICT starts over by itself and finds no live task
     of the key."""
     first = Task.objects.enqueue(tasks.noop, key="hot")
-    with psycopg.connect(**_conninfo()) as ending:
-        # The ending transaction holds the row's lock (as an outcome's UPDATE does while it
-        # runs); the enqueue finds the live task and waits for that lock.
-        ending.execute("SELECT 1 FROM pgtasks_task WHERE id = %s FOR UPDATE", [first.pk])
-        result: list[object] = []
 
-        def enqueue() -> None:
-            try:
-                with transaction.atomic():
-                    result.append(Task.objects.enqueue(tasks.noop, key="hot"))
-            except BaseException as exc:
-                result.append(exc)
-            finally:
-                connection.close()
+    def enqueue() -> Task:
+        with transaction.atomic():
+            return Task.objects.enqueue(tasks.noop, key="hot")
 
-        thread = threading.Thread(target=enqueue)
-        thread.start()
-        with psycopg.connect(**_conninfo(), autocommit=True) as watcher:
-            wait_until(lambda: watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE '%%ON CONFLICT%%'").fetchone()[0] == 1,
-                what="the enqueue waiting for the keyed task's lock")
-        ending.execute("UPDATE pgtasks_task SET status = 'CANCELLED', finished_at = now() "
-                       "WHERE id = %s", [first.pk])  # the row moves to history
-        ending.commit()
-        thread.join(30)
-    [second] = result
+    [second] = _held_then_ended(first.pk, "ON CONFLICT", enqueue)
     assert isinstance(second, Task), second
     assert second.pk != first.pk
-    assert Task.objects.get(pk=first.pk).status == Status.CANCELLED
+    assert Task.objects.get(pk=first.pk).status == Status.SUCCESSFUL
     assert Task.objects.get(pk=second.pk).status == Status.READY
 
 
