@@ -448,9 +448,15 @@ def test_dashboard_queries_read_indexes_not_the_table() -> None:
         "requeue group": explain(*_compiled(
             dashboard.failed_in_group("default", "x", since).values("id"))),
     }
+    current = {f"{table}_p{now.astimezone(UTC):%Y%m%d}"
+               for table in ("pgtasks_task_done", "pgtasks_task_failed")}
     for what, plan in plans.items():
         # Counting the live tasks may read the live partition whole: it holds nothing else.
-        assert not set(large_seq_scans(plan)) - {"pgtasks_task_live"}, f"{what}:\n{plan}"
+        # And the current period holds today's rows alone, all inside the 24-hour window:
+        # reading it whole reads at most a day, never the history this test guards (the
+        # planner prefers it or not as its estimates of a small partition go).
+        assert not set(large_seq_scans(plan)) - {"pgtasks_task_live", *current}, (
+            f"{what}:\n{plan}")
     assert re.search(r"pgtasks_task_done_\w+_finished_at_idx", plans["finished window"])
     assert "pgtasks_task_failed" in plans["requeue group"]
     assert "pgtasks_task_done" not in plans["requeue group"]
