@@ -307,8 +307,12 @@ def test_wakeups_come_through_the_direct_connection(
     for i in range(3):
         enqueued_at = time.monotonic()
         task = Task.objects.enqueue(tasks.add, i, i)
-        wait_until(lambda task=task: Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL,
-                   timeout=25, what="the task to run before the next poll")
+        try:
+            wait_until(lambda task=task: Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL,
+                       timeout=25, what="the task to run before the next poll")
+        except AssertionError as exc:  # what the worker said meanwhile, to find out why
+            raise AssertionError(f"{exc} Task {task.pk}: {Task.objects.get(pk=task.pk).status}."
+                                 f"\nWorker output:\n{out.text}") from None
         assert time.monotonic() - enqueued_at < 25
     stop_processes([process])
     assert process.returncode == 0, out.text
