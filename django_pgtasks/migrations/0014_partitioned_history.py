@@ -51,18 +51,21 @@ from django.db import migrations, transaction
 # 0009's controlled claim returns rows of pgtasks_task, so it goes with the old table and comes
 # back on the new one, reading and claiming from the live partition: every row it reads is
 # live, and a lookup by id on the parent would probe every history partition.
-_CLAIM_FUNCTION = importlib.import_module(
-    "django_pgtasks.migrations.0009_claims").CLAIM_FUNCTION
-CLAIM_FUNCTION = (_CLAIM_FUNCTION.replace("FROM pgtasks_task\n", "FROM pgtasks_task_live\n")
-                  .replace("FROM pgtasks_task ", "FROM pgtasks_task_live ")
-                  .replace("UPDATE pgtasks_task t", "UPDATE pgtasks_task_live t"))
+_CLAIM_FUNCTION = importlib.import_module("django_pgtasks.migrations.0009_claims").CLAIM_FUNCTION
+CLAIM_FUNCTION = (
+    _CLAIM_FUNCTION.replace("FROM pgtasks_task\n", "FROM pgtasks_task_live\n")
+    .replace("FROM pgtasks_task ", "FROM pgtasks_task_live ")
+    .replace("UPDATE pgtasks_task t", "UPDATE pgtasks_task_live t")
+)
 DROP_CLAIM_FUNCTION = "DROP FUNCTION pgtasks_claim_controlled(text[], integer, text, integer);"
 
 # 0013's check at the commit of an enqueue of a task with parents, as it was (for the way back).
 _RELEASE = importlib.import_module("django_pgtasks.migrations.0013_workflows").RELEASE
 _start = _RELEASE.index("CREATE FUNCTION pgtasks_member_committing()")
-MEMBER_COMMITTING_0013 = "CREATE OR REPLACE " + _RELEASE[
-    _start + len("CREATE "):_RELEASE.index("$$;", _start) + len("$$;")]
+MEMBER_COMMITTING_0013 = (
+    "CREATE OR REPLACE "
+    + _RELEASE[_start + len("CREATE ") : _RELEASE.index("$$;", _start) + len("$$;")]
+)
 
 #: Rows per transaction when moving finished rows out of the old table.
 BATCH = 10_000
@@ -410,11 +413,13 @@ def _fmt(sql: str, **extra: str) -> str:
 def _columns(cursor) -> tuple[str, str]:
     cursor.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = 'pgtasks_task'::regclass "
-        "AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
+        "AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+    )
     names = [row[0] for row in cursor.fetchall()]
     columns = ", ".join(f'"{n}"' for n in names)
     values = ", ".join(
-        "coalesce(finished_at, updated_at)" if n == "finished_at" else f'"{n}"' for n in names)
+        "coalesce(finished_at, updated_at)" if n == "finished_at" else f'"{n}"' for n in names
+    )
     return columns, values
 
 
@@ -430,18 +435,29 @@ def forward(apps, schema_editor):
             "SELECT d, d + interval '1 day', to_char(d AT TIME ZONE 'UTC', 'YYYYMMDD') "
             "FROM generate_series(date_trunc('day', now(), 'UTC'), "
             "date_trunc('day', now(), 'UTC') + (%s - 1) * interval '1 day', "
-            "interval '1 day') AS d", [DAYS])
+            "interval '1 day') AS d",
+            [DAYS],
+        )
         days = cursor.fetchall()
         cursor.execute("SELECT to_regclass('pgtasks_task_done') IS NULL")
         fresh = cursor.fetchone()[0]  # else a run stopped after step 1: carry on from there
         with transaction.atomic(using=connection.alias):
             for kind, statuses in (("done", DONE), ("failed", FAILED)) if fresh else ():
-                cursor.execute(_fmt(HISTORY_SQL, kind=kind, statuses=statuses,
-                                    start=days[0][0].isoformat(), end=days[-1][1].isoformat()))
+                cursor.execute(
+                    _fmt(
+                        HISTORY_SQL,
+                        kind=kind,
+                        statuses=statuses,
+                        start=days[0][0].isoformat(),
+                        end=days[-1][1].isoformat(),
+                    )
+                )
                 for start, end, name in days:
-                    cursor.execute(PERIOD_SQL.format(kind=kind, name=name,
-                                                     start=start.isoformat(),
-                                                     end=end.isoformat()))
+                    cursor.execute(
+                        PERIOD_SQL.format(
+                            kind=kind, name=name, start=start.isoformat(), end=end.isoformat()
+                        )
+                    )
                 for part in ("before", "after", *(f"p{name}" for _s, _e, name in days)):
                     cursor.execute(HISTORY_STORAGE.format(kind=kind, part=part))
             cursor.execute(CASCADE_AWARE)
