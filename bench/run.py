@@ -259,7 +259,9 @@ def section_enqueue(args, results: dict) -> None:
 
     single: dict[str, list[float]] = {"pgtasks": [], "raw": [], "pgtasks_cpu": [],
                                       "raw_cpu": []}
-    insert = ("INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, status, "
+    # The raw statements write into the live partition, where a new task belongs (as
+    # enqueue does): through the partitioned parent, each row would also be routed.
+    insert = ("INSERT INTO pgtasks_task_live (name, queue, args, kwargs, priority, status, "
               "attempt, max_attempts, error_text, metadata) VALUES "
               "(%s, %s, %s, %s, %s, 'READY', 0, %s, '', '{}') RETURNING id")
     k = args.single_enqueues
@@ -295,7 +297,7 @@ def section_enqueue(args, results: dict) -> None:
             conn.execute("TRUNCATE pgtasks_task")
             t0 = time.perf_counter()
             with conn.cursor().copy(
-                "COPY pgtasks_task (name, queue, args, kwargs, priority, status, attempt, "
+                "COPY pgtasks_task_live (name, queue, args, kwargs, priority, status, attempt, "
                 "max_attempts, error_text, metadata) FROM STDIN"
             ) as copy:
                 for _ in range(n):

@@ -226,15 +226,22 @@ def serialize_payload(
     """
     if max_depth is None:
         max_depth = pgtasks_settings.MAX_PAYLOAD_DEPTH
-    clean_args = [_check(v, ("Task argument args", i), 1, max_depth)
-                  for i, v in enumerate(args)]
-    clean_kwargs = {}
-    for name, value in kwargs.items():
-        if type(name) is not str or not name.isascii() or "\x00" in name:
-            _check_name(name)
-        clean_kwargs[name] = _check(value, (_KWARG, name), 1, max_depth)
-    args_json = _encode(clean_args, "Task arguments")
-    kwargs_json = _encode(clean_kwargs, "Task arguments")
+    # Many calls have no positional or no keyword arguments: their JSON is a constant.
+    if args:
+        clean_args = [_check(v, ("Task argument args", i), 1, max_depth)
+                      for i, v in enumerate(args)]
+        args_json = _encode(clean_args, "Task arguments")
+    else:
+        clean_args, args_json = [], "[]"
+    if kwargs:
+        clean_kwargs = {}
+        for name, value in kwargs.items():
+            if type(name) is not str or not name.isascii() or "\x00" in name:
+                _check_name(name)
+            clean_kwargs[name] = _check(value, (_KWARG, name), 1, max_depth)
+        kwargs_json = _encode(clean_kwargs, "Task arguments")
+    else:
+        clean_kwargs, kwargs_json = {}, "{}"
     size = len(args_json) + len(kwargs_json)  # ASCII-only JSON: characters are bytes
     limit = pgtasks_settings.MAX_PAYLOAD_BYTES if max_bytes is None else max_bytes
     if size > limit:

@@ -33,6 +33,9 @@ LIVE_TABLE = "pgtasks_task_live"
 #: and FAILED ones (each has its own retention).
 DONE_TABLE = "pgtasks_task_done"
 FAILED_TABLE = "pgtasks_task_failed"
+#: The sequence of task ids (made by migration 0014, owned by the task table). Named, not
+#: looked up with ``pg_get_serial_sequence()``, which a query evaluates once per row.
+ID_SEQUENCE = "pgtasks_task_id_seq"
 
 #: The folder of django-pgtasks' migrations.
 MIGRATIONS_FOLDER = Path(__file__).resolve().parent.parent / "migrations"

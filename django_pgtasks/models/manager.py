@@ -208,36 +208,41 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         return row
 
     def enqueue_many(self, tasks: Iterable[TaskRow], using: str | None = None) -> list[TaskRow]:
-        """Insert many tasks (built with :meth:`build` or ``handler.build()``) in one statement.
+        """Insert many tasks (built with :meth:`build` or ``handler.build()``) through ``COPY``.
 
         Validation happens while building, so a bad task raises before anything is written.
-        The INSERT takes one array per column (``INSERT … SELECT FROM unnest(…)``), so its
-        size and parse time do not grow with a parameter per value; the tasks come back
-        saved, with their ids.
+        One statement takes the tasks' ids from the id sequence and the database's time, then
+        one ``COPY`` writes the rows (``django_pgtasks.models.inserts``), in the caller's
+        transaction; the tasks come back saved, with their ids, in the order given. A
+        delay is counted from the database's time, as for :meth:`enqueue`.
         """
         tasks = list(tasks)
         if not tasks:
             return []
+        model, pk_name = self.model, self.model._meta.pk.attname
+        # Every payload is known good before the first COPY (one per database).
+        payloads = []
         for task in tasks:
-            if task.pk is not None or not isinstance(task, self.model):
+            if not isinstance(task, model) or task.__dict__.get(pk_name) is not None:
                 raise TypeError("enqueue_many() takes unsaved tasks from Task.objects.build().")
-            # Every payload is known good before the first INSERT (one per database).
-            task_payload_json(task)
-        # Without ``using``, each task goes to its queue's database: one INSERT per database
+            payloads.append(task_payload_json(task))
+        # Without ``using``, each task goes to its queue's database: one COPY per database
         # (not atomic together, unless the caller's transactions make them so).
-        by_db: dict[str, list[TaskRow]] = {}
-        db_of: dict[str, str] = {}  # per queue, not per task
-        for task in tasks:
-            db = db_of.get(task.queue)
-            if db is None:
-                db = db_of[task.queue] = self._db_alias(using, task.queue)
-            by_db.setdefault(db, []).append(task)
+        db_of = {queue: self._db_alias(using, queue) for queue in {t.queue for t in tasks}}
+        if len(set(db_of.values())) == 1:
+            groups = {next(iter(db_of.values())): (tasks, payloads)}
+        else:
+            groups = {}
+            for task, payload in zip(tasks, payloads, strict=True):
+                group = groups.setdefault(db_of[task.queue], ([], []))
+                group[0].append(task)
+                group[1].append(payload)
         # One span for the call, whose context every task stores (django_pgtasks.base.tracing).
         with tracing.enqueueing((t.name for t in tasks), (t.queue for t in tasks),
                                 len(tasks)) as span:
             span.inject(tasks)
-            for db, group in by_db.items():
-                inserts.insert_many(group, db)
+            for db, (group, group_payloads) in groups.items():
+                inserts.insert_many(group, db, group_payloads)
             span.sent(tasks)
         if task_enqueued.has_listeners(self.model):
             for task in tasks:
@@ -358,12 +363,25 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         # The limits are read once, not once per item.
         max_depth = pgtasks_settings.MAX_PAYLOAD_DEPTH
         max_bytes = pgtasks_settings.MAX_PAYLOAD_BYTES
+        # Concurrency is the same for every item, unless the handler's default key is a
+        # callable of the arguments.
+        per_call = concurrency_key is None and callable(handler.concurrency_key)
+        fixed = None if per_call else resolve_concurrency(
+            handler, concurrency_key, concurrency_limit, [], {})
+        # Whether a call fits the handler's signature depends on its shape only.
+        shapes_fit: set[Any] = set()
         payloads = []
         for call in calls:
-            if isinstance(call, Mapping):
+            kind = type(call)
+            if kind is tuple or kind is list:
+                args, kwargs = call, {}
+                shape: Any = len(call)
+            elif kind is dict or isinstance(call, Mapping):
                 args, kwargs = (), call
+                shape = frozenset(call)
             elif isinstance(call, list | tuple):
                 args, kwargs = call, {}
+                shape = len(call)
             else:
                 raise InvalidTaskError(
                     f"Each item of enqueue_bulk() is one task's positional arguments (a list "
@@ -372,9 +390,11 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                 )
             clean_args, clean_kwargs, args_json, kwargs_json = serialize_payload(
                 args, kwargs, max_depth=max_depth, max_bytes=max_bytes)
-            handler.check_arguments(clean_args, clean_kwargs)
-            payloads.append((args_json, kwargs_json, *resolve_concurrency(
-                handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs)))
+            if shape not in shapes_fit:
+                handler.check_arguments(clean_args, clean_kwargs)
+                shapes_fit.add(shape)
+            payloads.append((args_json, kwargs_json, *(fixed or resolve_concurrency(
+                handler, concurrency_key, concurrency_limit, clean_args, clean_kwargs))))
         if not payloads:
             return []
         db = self._db_alias(using, queue)
@@ -382,18 +402,13 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         span = tracing.enqueueing((handler.name,), (queue,), len(payloads))
         metadata = span.metadata_json()
         with span, explain_missing_schema(db), connections[db].cursor() as cursor:
-            # Ids are taken from the table's identity sequence first, since COPY returns none.
-            cursor.execute("SELECT nextval(pg_get_serial_sequence('pgtasks_task', 'id')) "
-                           "FROM generate_series(1, %s)", [len(payloads)])
-            ids = [row[0] for row in cursor.fetchall()]
-            with cursor.copy(
-                "COPY pgtasks_task_live (id, name, queue, args, kwargs, priority, max_attempts, "
-                "status, attempt, error_text, metadata, concurrency_key, concurrency_limit) "
-                "FROM STDIN"
-            ) as copy:
-                for pk, (args, kwargs, ckey, climit) in zip(ids, payloads, strict=True):
-                    copy.write_row((pk, handler.name, queue, args, kwargs, priority,
-                                    max_attempts, Status.READY, 0, "", metadata, ckey, climit))
+            # Ids are taken from the id sequence first, since COPY returns none.
+            _, ids = inserts.new_ids(cursor, len(payloads))
+            name, ready = handler.name, Status.READY
+            inserts.copy_bulk(cursor, db, (
+                (pk, name, queue, args, kwargs, priority, max_attempts, ready, 0, "", metadata,
+                 ckey, climit)
+                for pk, (args, kwargs, ckey, climit) in zip(ids, payloads, strict=True)))
             span.sent(ids=ids)
         return ids
 

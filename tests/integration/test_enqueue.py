@@ -7,7 +7,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import IntegrityError, connection, connections, transaction
 
 from django_pgtasks import (
     InvalidPayloadError,
@@ -130,13 +130,44 @@ def test_tuples_are_stored_as_lists() -> None:
     assert task.kwargs == {"pair": {"a": [3]}}
 
 
-def test_enqueue_many_inserts_in_one_statement(django_assert_num_queries) -> None:
+def test_enqueue_many_takes_ids_then_writes_one_copy(django_assert_num_queries) -> None:
     built = [tasks.add.build(i, i) for i in range(2000)]
-    with django_assert_num_queries(1):
+    with django_assert_num_queries(2) as queries:
         saved = Task.objects.enqueue_many(built)
+    assert "nextval" in queries[0]["sql"]
+    assert queries[1]["sql"].split()[:2] == ["COPY", "pgtasks_task_live"]
     assert len(saved) == 2000
-    assert all(t.pk for t in saved)
-    assert Task.objects.ready().count() == 2000
+    ids = [t.pk for t in saved]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 2000
+    stored = {t.pk: t for t in Task.objects.filter(pk__in=ids)}
+    for i, task in enumerate(saved):
+        row = stored[task.pk]
+        assert (row.args, row.status, row.attempt) == ([i, i], Status.READY, 0)
+        # What the instance says is what the row holds.
+        assert (row.run_after, row.created_at) == (task.run_after, task.created_at)
+
+
+def test_enqueue_many_of_one_key_twice_is_refused_whole() -> None:
+    with transaction.atomic():
+        with pytest.raises(IntegrityError, match="pgtasks_task_live_key_uniq"), \
+                transaction.atomic():
+            Task.objects.enqueue_many([tasks.noop.build(), Task.objects.build(tasks.noop, key="k"),
+                                       Task.objects.build(tasks.noop, key="k")])
+        # The caller's transaction goes on; nothing of the call was written.
+        assert not Task.objects.exists()
+        assert Task.objects.enqueue_many([Task.objects.build(tasks.noop, key="k")])[0].pk
+
+
+def test_enqueue_bulk_error_of_the_database_is_djangos() -> None:
+    # Everything the API lets through the table accepts, so the table gets a constraint of
+    # its own for this test (rolled back with it).
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE pgtasks_task_live ADD CONSTRAINT test_few "
+                       "CHECK (max_attempts < 5)")
+    with pytest.raises(IntegrityError, match="test_few"), transaction.atomic():
+        Task.objects.enqueue_bulk(tasks.noop, [(), ()], max_attempts=7)
+    assert not Task.objects.exists()
 
 
 def test_enqueue_many_validates_before_writing() -> None:

@@ -44,6 +44,18 @@ def test_enqueues_notify_once_per_queue_per_transaction_at_commit(listen) -> Non
     assert sorted(listen()) == ["default", "emails"]
 
 
+def test_bulk_enqueues_notify_at_commit_with_their_delay(listen) -> None:
+    with transaction.atomic():
+        Task.objects.enqueue_bulk(tasks.add, [(1, 2), (3, 4)], queue="emails")
+        assert listen(0.2) == []
+    assert listen() == ["emails"]
+    Task.objects.enqueue_many([tasks.noop.build(queue="urgent", delay=30)])
+    [payload] = listen()
+    queue, delay = payload.split("@")
+    assert queue == "urgent"
+    assert 29.9 <= float(delay) <= 30.0
+
+
 def test_a_rolled_back_enqueue_notifies_nobody(listen) -> None:
     try:
         with transaction.atomic():

@@ -67,10 +67,13 @@ def test_burst_drains_and_logs_one_greppable_line_per_outcome(run_command) -> No
 def test_sigterm_lets_running_tasks_finish_and_claims_nothing_more(start_command,
                                                                   tmp_path) -> None:
     gate = tmp_path / "gate"
-    running = [Task.objects.enqueue(tasks.waits_for, str(gate)) for _ in range(2)]
+    started = [tmp_path / f"started-{i}" for i in range(2)]
+    running = [Task.objects.enqueue(tasks.waits_for, str(gate), started=str(path))
+               for path in started]
     process = start_command("run_pgtasks", "--concurrency", "2", "--shutdown-grace", "20")
     out = Output(process)
-    wait_until(lambda: Task.objects.running().count() == 2)
+    # Both handlers run (a claimed task not yet started is given back at shutdown).
+    wait_until(lambda: all(path.exists() for path in started))
     waiting = Task.objects.enqueue(tasks.noop)
     process.send_signal(signal.SIGTERM)
     out.wait_for("SIGTERM received: finishing")
