@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import psycopg
 from common import (
     DJTASKS_SETTINGS,
     PGTASKS_SETTINGS,
@@ -366,10 +367,13 @@ class PgQueuer(System):
 
 # -- the raw-SQL ceiling ---------------------------------------------------------------------
 
+# The raw ceiling's two statements, written for the partitioned task table as a hand-written
+# loop would be: the claim reads and updates the live partition (where waiting tasks are), the
+# completion goes through the parent (the row moves to history).
 CEILING_CLAIM = """
-UPDATE pgtasks_task t SET status = 'RUNNING', locked_by = %s, locked_at = now(),
+UPDATE pgtasks_task_live t SET status = 'RUNNING', locked_by = %s, locked_at = now(),
        started_at = now(), attempt = t.attempt + 1
-FROM (SELECT id FROM pgtasks_task WHERE status IN ('READY', 'AWAITING_RETRY')
+FROM (SELECT id FROM pgtasks_task_live WHERE status IN ('READY', 'AWAITING_RETRY')
       AND run_after <= now() AND queue = 'default'
       ORDER BY priority DESC, run_after, id LIMIT %s FOR UPDATE SKIP LOCKED) c
 WHERE t.id = c.id RETURNING t.id
@@ -378,12 +382,23 @@ CEILING_DONE = ("UPDATE pgtasks_task SET status = 'SUCCESSFUL', finished_at = no
                 "locked_at = NULL WHERE id = ANY(%s) AND status = 'RUNNING' AND locked_by = %s")
 
 
+def _raw_claim(conn, me: str, batch: int) -> list[int]:
+    """The claim, tried again when it met a row that another loop's completion had moved to
+    history since the claim's snapshot (SQLSTATE 40001; SKIP LOCKED skips locked rows, not
+    moved ones): what django-pgtasks' own claim does (django_pgtasks/base/conflicts.py)."""
+    while True:
+        try:
+            return [r[0] for r in conn.execute(CEILING_CLAIM, [me, batch])]
+        except psycopg.errors.SerializationFailure:
+            continue
+
+
 def _raw_loop(dbname: str, me: str, batch: int, max_seconds: float, go=None) -> None:
     with connect(dbname) as conn:
         if go is not None:  # every process connected before the first claim
             go.wait()
         deadline = time.monotonic() + max_seconds
-        while ids := [r[0] for r in conn.execute(CEILING_CLAIM, [me, batch])]:
+        while ids := _raw_claim(conn, me, batch):
             conn.execute(CEILING_DONE, [ids, me])
             if time.monotonic() > deadline:
                 break

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
+from django.db.models.signals import post_init
 
 from django_pgtasks.base.schema import LIVE_TABLE
 from django_pgtasks.models import Status, Task
@@ -49,6 +50,30 @@ def test_claimed_tasks_are_the_instances_raw_would_build(controlled: bool,
             assert getattr(task, name).utcoffset() == timedelta(0)
             assert getattr(task, name).tzinfo == getattr(expected, name).tzinfo
         assert (task._state.adding, task._state.db) == (False, "default")
+
+
+def test_claimed_tasks_reach_model_init_receivers_and_own_their_values() -> None:
+    """Instances are built without Model.__init__ only while nobody listens to its signals;
+    a receiver of post_init gets every claimed task, as from raw()."""
+    first, second = Task.objects.enqueue(tasks.noop), Task.objects.enqueue(tasks.noop)
+    seen = []
+
+    def receiver(sender: type, instance: Task, **kwargs: object) -> None:
+        seen.append((instance.pk, instance.status))
+
+    post_init.connect(receiver, sender=Task)
+    try:
+        [claimed] = Task.objects.claim("w1")
+    finally:
+        post_init.disconnect(receiver, sender=Task)
+    assert seen == [(first.pk, Status.RUNNING)]
+    [other] = Task.objects.claim("w1")
+    assert other.pk == second.pk
+    assert len(seen) == 1
+    # Each instance has its own lists and dicts, even for the values decoded without a parse.
+    claimed.args.append(1)
+    claimed.metadata["k"] = 1
+    assert (other.args, other.metadata) == ([], {})
 
 
 @pytest.mark.django_db(transaction=True)
