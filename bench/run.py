@@ -104,6 +104,47 @@ def proc_cpu_s(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def server_cpu_s() -> float | None:
+    """CPU seconds spent so far by the PostgreSQL server on this machine: every ``postgres``
+    process (the postmaster and its children, backends and background processes), plus what
+    the postmaster's children that have exited spent (its ``cutime``/``cstime``), so that a
+    backend whose session ended during a drain still counts. ``None`` when no PostgreSQL
+    process runs here (a remote server)."""
+    total, found = 0, False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        name, rest = data[data.index("(") + 1:data.rindex(")")], data.rsplit(")", 1)[1]
+        if name != "postgres":
+            continue
+        fields = rest.split()
+        found = True
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+        if fields[1] == "1" or not _is_postgres(fields[1]):  # the postmaster
+            total += int(fields[13]) + int(fields[14])  # cutime, cstime: exited children
+    return total / os.sysconf("SC_CLK_TCK") if found else None
+
+
+def _is_postgres(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == "postgres"
+    except OSError:
+        return False
+
+
+def server_cpu_per_task(before: float | None, tasks: int) -> dict:
+    after = server_cpu_s()
+    if before is None or after is None or not tasks:
+        return {}
+    return {"server_cpu_us_per_task": (after - before) / tasks * 1e6}
+
+
 # -- the generic harness -----------------------------------------------------------------------
 
 
@@ -145,7 +186,7 @@ def drain(system: System, config: Config, n: int, args) -> dict:
         procs = start_workers(system, config, conn)
         try:
             pids = all_pids(procs)
-            cpu0 = proc_cpu_s(pids)
+            cpu0, server0 = proc_cpu_s(pids), server_cpu_s()
             load = os.getloadavg()[0]
             t0 = time.monotonic()
             system.seed(conn, n)
@@ -157,6 +198,7 @@ def drain(system: System, config: Config, n: int, args) -> dict:
                                        + " | ".join(stderr_of(p)[-1000:] for p in procs))
                 time.sleep(0.2)
             cpu = proc_cpu_s(pids) - cpu0
+            server = server_cpu_s()
             rss = max(largest_rss_mb(p.pid) for p in procs)
         finally:
             stop_workers(procs)
@@ -164,7 +206,9 @@ def drain(system: System, config: Config, n: int, args) -> dict:
     if not done:
         raise RuntimeError(f"{system.name}: no task finished")
     return {"rate": done / seconds, "tasks_done": done, "cpu_us_per_task": cpu / done * 1e6,
-            "rss_mb": rss, "loadavg": load}
+            "rss_mb": rss, "loadavg": load,
+            **({"server_cpu_us_per_task": (server - server0) / done * 1e6}
+               if server is not None and server0 is not None else {})}
 
 
 def raw_key(workers: int, batch: int, processes: bool) -> str:
@@ -179,10 +223,11 @@ def raw_run(workers: int, batch: int, processes: bool, n: int, args) -> dict:
         pg.reset(conn)
         pg.seed(conn, n)  # like the workers' drains: no VACUUM or ANALYZE in between
         load = os.getloadavg()[0]
+        server0 = server_cpu_s()
         cpu = raw_drain(args.database, workers, batch, args.max_drain_seconds, processes)
         done, seconds = pg.window(conn)
     return {"rate": done / seconds, "tasks_done": done, "cpu_us_per_task": cpu / done * 1e6,
-            "loadavg": load}
+            "loadavg": load, **server_cpu_per_task(server0, done)}
 
 
 def drain_plan(args, results: dict) -> list[tuple[str, dict, object]]:
@@ -235,7 +280,8 @@ def section_drains(args, results: dict) -> None:
                 continue
             runs[key].append(run)
             log(f"  {key:36} {run['rate']:7.0f} tasks/s  {run['cpu_us_per_task']:6.0f} us "
-                f"CPU/task  {run.get('rss_mb', 0):4.0f} MB  load {run['loadavg']:.1f}")
+                f"CPU/task  {run.get('server_cpu_us_per_task', 0):6.0f} us server CPU/task  "
+                f"{run.get('rss_mb', 0):4.0f} MB  load {run['loadavg']:.1f}")
     for key, desc, _ in plan:
         entry = dict(desc)
         if key in failed:
@@ -244,6 +290,9 @@ def section_drains(args, results: dict) -> None:
         if got:
             entry["rate"] = summary([r["rate"] for r in got])
             entry["cpu_us_per_task"] = summary([r["cpu_us_per_task"] for r in got])
+            if all("server_cpu_us_per_task" in r for r in got):
+                entry["server_cpu_us_per_task"] = summary(
+                    [r["server_cpu_us_per_task"] for r in got])
             if "rss_mb" in got[0]:
                 entry["rss_mb"] = summary([r["rss_mb"] for r in got])
             entry["tasks_done"] = [r["tasks_done"] for r in got]
@@ -701,6 +750,20 @@ def evaluate_targets(results: dict) -> list[dict]:
         add("best configuration >= 1.0x pgqueuer's best",
             f"{best['config']}: {med(best):.0f}/s vs {pgq_best[0]}: {pgq_best[1]:.0f}/s = "
             f"{med(best) / pgq_best[1]:.2f}x", med(best) >= pgq_best[1])
+    raw50_entry = results.get(raw_key(8, 50, True), {})
+    if pg and med(raw50_entry, "server_cpu_us_per_task") is not None:
+        best = max(pg.values(), key=med)
+
+        def total_cpu(entry: dict) -> float | None:
+            server = med(entry, "server_cpu_us_per_task")
+            return None if server is None else med(entry, "cpu_us_per_task") + server
+
+        ours, raw = total_cpu(best), total_cpu(raw50_entry)
+        if ours is not None:
+            add("CPU per task (worker + PostgreSQL), best configuration, within 10x the raw "
+                "batch-50 loop's (8 processes)",
+                f"{best['config']}: {ours:.0f} us vs {raw:.0f} us = {ours / raw:.1f}x",
+                ours <= 10 * raw)
     if pg and raw50:
         best = max(pg.values(), key=med)
         add("moonshot: best configuration >= 50% of the raw batch-50 ceiling (processes)",
@@ -761,8 +824,9 @@ def evaluate_targets(results: dict) -> list[dict]:
 def markdown_report(results: dict) -> str:
     """The main figures as Markdown tables (``--report FILE --markdown``), for the docs."""
     lines = ["| Configuration | tasks/s, median | min-max | vs raw 1/claim, same workers "
-             "| vs raw 50/claim | vs pgqueuer best | vs pgqueuer default | CPU per task | RSS |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| vs raw 50/claim | vs pgqueuer best | vs pgqueuer default | CPU per task "
+             "| server CPU per task | RSS |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for key, e in results.items():
         if not isinstance(e, dict) or "system" not in e or not isinstance(e.get("rate"), dict):
             continue
@@ -772,10 +836,11 @@ def markdown_report(results: dict) -> str:
                      f"| {fmt(e.get('vs_raw1'), '.0%')} | {fmt(e.get('vs_raw50'), '.0%')} "
                      f"| {fmt(e.get('vs_pgqueuer_best'), '.2f', 'x')} "
                      f"| {fmt(e.get('vs_pgqueuer_default'), '.2f', 'x')} "
-                     f"| {med(e, 'cpu_us_per_task'):,.0f} us | {rss} |")
+                     f"| {med(e, 'cpu_us_per_task'):,.0f} us "
+                     f"| {fmt(med(e, 'server_cpu_us_per_task'), ',.0f', ' us')} | {rss} |")
     for key, e in results.items():
         if isinstance(e, dict) and "system" in e and "error" in e and "rate" not in e:
-            lines.append(f"| {key} | error: {e['error'][:80]} | | | | | | | |")
+            lines.append(f"| {key} | error: {e['error'][:80]} | | | | | | | | |")
     lat = {k[8:]: v for k, v in results.items() if k.startswith("latency") and "median_ms" in v}
     if lat:
         best = min(v["median_ms"] for k, v in lat.items() if "pgtasks" not in k)
@@ -800,7 +865,8 @@ def print_report(results: dict) -> None:
     print("\nDrain rate (no-op tasks, tasks/s from the database's timestamps; "
           "median of the runs, [min-max])")
     print(f"{'measurement':42} {'median':>7} {'min-max':>13} {'raw 1':>6} {'raw 50':>6} "
-          f"{'pgq best':>8} {'pgq dflt':>8} {'CPU us/task':>11} {'RSS MB':>7}")
+          f"{'pgq best':>8} {'pgq dflt':>8} {'CPU us/task':>11} {'PG us/task':>10} "
+          f"{'RSS MB':>7}")
     for key, e in results.items():
         if not isinstance(e, dict) or "system" not in e:
             continue
@@ -814,7 +880,9 @@ def print_report(results: dict) -> None:
               f"{fmt(e.get('vs_raw1'), '6.0%')} {fmt(e.get('vs_raw50'), '6.0%')} "
               f"{fmt(e.get('vs_pgqueuer_best'), '7.2f', 'x'):>8} "
               f"{fmt(e.get('vs_pgqueuer_default'), '7.2f', 'x'):>8} "
-              f"{fmt(med(e, 'cpu_us_per_task'), '11.0f')} {fmt(med(e, 'rss_mb'), '7.0f')}")
+              f"{fmt(med(e, 'cpu_us_per_task'), '11.0f')} "
+              f"{fmt(med(e, 'server_cpu_us_per_task'), '10.0f')} "
+              f"{fmt(med(e, 'rss_mb'), '7.0f')}")
     for key, e in results.items():
         if key.startswith("drain error"):
             print(f"{key}: {e}")
