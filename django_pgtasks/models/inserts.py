@@ -3,8 +3,10 @@
 Enqueue is on the hot path of every web request that starts work, so it does not go through
 ``Model.save()``, which compiles a 29-column INSERT per call. One named statement per way of
 enqueueing is written here instead, with the columns an enqueue sets; the database fills in
-the rest (defaults and ``db_default``). They insert into the live partition of the task table
+the rest (defaults and ``db_default``). They write into the live partition of the task table
 (migration 0014), where a new task belongs: no routing, and the key's unique index is there.
+A single task goes through a function of the database (migration 0015), many through
+``COPY``.
 ``Task.objects.enqueue()`` still sends ``pre_save`` and ``post_save`` for a task without a
 key, as ``save()`` did, when they have receivers.
 """
@@ -26,17 +28,14 @@ from django_pgtasks.base.schema import ID_SEQUENCE, LIVE_TABLE
 from django_pgtasks.lifecycle.rows import fast_cursor
 from django_pgtasks.models.status import Status
 
-# One task. run_after is the given time, else the delay from the statement's time, else that
-# time itself (as the column's default, Django's Now(), gives).
+# One task without a key: the INSERT of migration 0015's pgtasks_enqueue_one() (a PL/pgSQL
+# function keeps its plan for the session, where a plain INSERT would be planned anew on
+# every call, Django preparing nothing on the server). run_after is the given time, else the
+# delay in seconds from the statement's time, else that time itself.
 ENQUEUE_ONE_SQL = """
-    INSERT INTO pgtasks_task_live (name, queue, args, kwargs, priority, max_attempts, run_after,
-                              metadata, stage, concurrency_key, concurrency_limit, status,
-                              attempt, error_text)
-    VALUES (%s, %s, %s::jsonb, %s::jsonb, %s, %s,
-            COALESCE(%s::timestamptz, statement_timestamp() + make_interval(secs => %s::float8),
-                     statement_timestamp()),
-            %s::jsonb, %s, %s, %s::smallint, 'READY', 0, '')
-    RETURNING id, run_after, created_at
+    SELECT id, run_after, created_at
+    FROM pgtasks_enqueue_one(%s, %s, %s::jsonb, %s::jsonb, %s::smallint, %s::integer,
+                             %s::timestamptz, %s::float8, %s::jsonb, %s, %s, %s::smallint)
 """
 
 # Ids for tasks about to be written by COPY (which returns nothing), in one statement: as many

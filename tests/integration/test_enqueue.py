@@ -15,6 +15,12 @@ from django_pgtasks import (
     UnknownQueueError,
     UnknownTaskError,
 )
+from django_pgtasks.base.validation import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_CONCURRENCY_LIMIT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+)
 from django_pgtasks.models import Status, Task
 from tests.testapp import tasks
 
@@ -229,10 +235,22 @@ def test_operator_actions_never_touch_running_tasks() -> None:
         Task.objects.all().set_priority(500)
 
 
-def test_single_enqueue_is_one_insert(django_assert_num_queries) -> None:
+def test_single_enqueue_is_one_statement_planned_once_per_session(
+        django_assert_num_queries) -> None:
+    # The INSERT runs inside the database function of migration 0015, which keeps its plan
+    # for the session (nothing is prepared on the server by the connection itself).
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        prepared = cursor.fetchone()[0]
     with django_assert_num_queries(1) as captured:
-        Task.objects.enqueue(tasks.add, 1, 2)
-    assert captured.captured_queries[0]["sql"].lstrip().startswith("INSERT INTO pgtasks_task")
+        task = Task.objects.enqueue(tasks.add, 1, 2)
+    assert "pgtasks_enqueue_one(" in captured.captured_queries[0]["sql"]
+    stored = Task.objects.get(pk=task.pk)
+    assert (stored.args, stored.status, stored.run_after, stored.created_at) == (
+        [1, 2], Status.READY, task.run_after, task.created_at)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone()[0] == prepared
 
 
 def test_enqueue_sends_the_model_signals_save_would_send() -> None:
@@ -317,3 +335,18 @@ def test_enqueue_bulk_items_must_be_args_or_kwargs(item) -> None:
     with pytest.raises(InvalidTaskError, match="positional arguments \\(a list or tuple\\)"):
         Task.objects.enqueue_bulk(tasks.add, [item])
     assert not Task.objects.exists()
+
+
+@pytest.mark.parametrize("priority", [PRIORITY_MIN, PRIORITY_MAX])
+def test_enqueue_stores_every_option_at_its_bounds(priority: int) -> None:
+    """The database function's parameters have the columns' types: the widest values the
+    validation lets through reach the row unchanged."""
+    far = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    task = Task.objects.enqueue(tasks.noop, priority=priority, max_attempts=MAX_ATTEMPTS_LIMIT,
+                                run_after=far, stage="s" * 100, concurrency_key="c" * 255,
+                                concurrency_limit=MAX_CONCURRENCY_LIMIT)
+    stored = Task.objects.get(pk=task.pk)
+    assert (stored.priority, stored.max_attempts, stored.run_after, stored.stage,
+            stored.concurrency_key, stored.concurrency_limit) == (
+        priority, MAX_ATTEMPTS_LIMIT, far, "s" * 100, "c" * 255, MAX_CONCURRENCY_LIMIT)
+    assert task.run_after == far
