@@ -988,7 +988,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-drain-seconds", type=float, default=4.0,
                    help="a drain still running after this long is stopped, and its rate "
                         "taken from the tasks finished by then")
-    p.add_argument("--pgtasks", default="default,1x1,1x2,1x8,1x8+42,2x8,2x8+42",
+    p.add_argument("--pgtasks", default="default,1x1,1x2,1x8,1x8+42,2x8,2x8+42,2x32",
                    type=lambda s: s.split(","), help="django-pgtasks configurations")
     p.add_argument("--pgqueuer", default="default,1x50,2x50", type=lambda s: s.split(","),
                    help="pgqueuer configurations: PxB = P processes, batch_size B "
