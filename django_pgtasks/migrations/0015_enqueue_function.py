@@ -2,11 +2,10 @@
 
 Django's connections prepare nothing on the server (a pooler in transaction mode could hand
 the next statement to a session where the prepared statement does not exist), so every
-enqueue had its INSERT parsed, analysed and planned afresh (measured on a 2-core machine, one
-enqueue in its own transaction: 450-470 us for the plain INSERT, 390-440 us through this
-function; docs/performance.md). A PL/pgSQL
-function keeps the plan of its statements for the rest of the session by itself, whichever
-session a pooler gives the call to; the call is a trivial ``SELECT`` to plan.
+enqueue had its INSERT parsed, analysed and planned afresh (docs/performance.md gives the
+figures). A PL/pgSQL function keeps the plan of its statements for the rest of the session
+by itself, whichever session a pooler gives the call to; the call is a trivial ``SELECT`` to
+plan.
 
 ``pgtasks_enqueue_one`` inserts one task without a key into the live partition and returns
 its id, ``run_after`` and ``created_at``. ``run_after`` is the given time, else the delay in

@@ -41,15 +41,14 @@ ENQUEUE_ONE_SQL = """
 # Ids for tasks about to be written by COPY (which returns nothing), in one statement: as many
 # values of the id sequence as tasks, in order, and the statement's time (the database clock),
 # which the tasks take as their creation time. The sequence is named: looked up with
-# pg_get_serial_sequence() it would be looked up once per row (2.9 us per id, against 0.6).
+# pg_get_serial_sequence() it would be looked up once per row, several times the cost.
 NEW_IDS_SQL = f"""
     SELECT statement_timestamp(), array_agg(nextval('{ID_SEQUENCE}'))
     FROM generate_series(1, %s)
 """
 
-# Many tasks, through COPY into the live partition: PostgreSQL's fastest way in (the
-# INSERT … SELECT FROM unnest(…) it replaces took 6.7 us per task on the server alone; this
-# COPY, 5.5 us per task in all, client included). Every column an
+# Many tasks, through COPY into the live partition: PostgreSQL's fastest way in, cheaper on
+# the server than an INSERT … SELECT FROM unnest(…) of the same rows. Every column an
 # enqueue sets is written, the ids from NEW_IDS_SQL included, so nothing needs returning.
 # Triggers fire as for an INSERT (the statement's NOTIFY wakes the workers).
 COPY_MANY_SQL = f"""
@@ -179,7 +178,7 @@ def insert_many(tasks: list[TaskRow], db: str, payloads: list[tuple[str, str]] |
     the caller has it. ``linked``: the tasks of a workflow, each written with the ``status``
     and ``has_dependents`` set on it (models/dependencies.py); others are ``READY``.
 
-    This runs once per task of an ``enqueue_many()``, so it reads and writes the instances'
+    This runs once per task of an ``enqueue_many()``, so it reads the instances'
     ``__dict__`` directly."""
     if payloads is None:
         payloads = [task_payload_json(t) for t in tasks]
@@ -196,26 +195,15 @@ def insert_many(tasks: list[TaskRow], db: str, payloads: list[tuple[str, str]] |
                     delay = values.get("_delay_seconds")
                     run_after = now + timedelta(seconds=delay) if delay else now
                 timestamps.append(run_after)
-                metadata = values["metadata"]
                 write((pk, values["name"], values["queue"], args, kwargs, values["priority"],
                        values["max_attempts"], run_after, now, now,
-                       json.dumps(metadata) if metadata else "{}", values["key"],
+                       _metadata_json(values["metadata"]), values["key"],
                        values["stage"], values["concurrency_key"],
                        values["concurrency_limit"],
                        values["status"] if linked else Status.READY, 0, "",
                        values["has_dependents"] if linked else False))
-    # Saved: what the rows got from the database, as _saved() gives one task.
     for task, pk, run_after in zip(tasks, ids, timestamps, strict=True):
-        values = task.__dict__
-        values["id"], values["run_after"] = pk, run_after
-        values["created_at"] = values["updated_at"] = now
-        if isinstance(values["worker_ids"], DatabaseDefault):
-            values["worker_ids"] = []
-        if isinstance(values["errors"], DatabaseDefault):
-            values["errors"] = []
-        state = task._state
-        state.adding = False
-        state.db = db
+        _saved(task, db, pk, run_after, now)
 
 
 @contextmanager
