@@ -63,19 +63,27 @@ def test_signals_and_results_of_batched_successes_follow_the_recording(settings)
 
 
 def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown() -> None:
+    from django_pgtasks import signals
+
     Task.objects.enqueue_bulk(tasks.sleepy, [(1.5,)] * 6)
     worker = Worker(concurrency=1, prefetch=3, worker_id="prefetcher")
+    # Held means claimed; the stop must come once the first task has also started (a claimed
+    # task that has not started is given back at shutdown, like the prefetched ones).
+    started = threading.Event()
+    signals.task_started.connect(lambda **kw: started.set(), weak=False,
+                                 dispatch_uid="prefetch-started")
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     try:
         deadline = time.monotonic() + 10
-        while Task.objects.held_by("prefetcher").count() < 4:
+        while Task.objects.held_by("prefetcher").count() < 4 or not started.is_set():
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert Task.objects.held_by("prefetcher").count() == 4  # 1 running + 3 prefetched
     finally:
         worker.stop()
         thread.join(30)
+        signals.task_started.disconnect(dispatch_uid="prefetch-started")
     rows = list(Task.objects.order_by("id").values_list("status", "attempt", "worker_ids"))
     assert rows.count((Status.SUCCESSFUL, 1, ["prefetcher"])) == 1  # the one that ran
     assert rows.count((Status.READY, 0, [])) == 5  # given back as never claimed
