@@ -39,7 +39,7 @@ from django_pgtasks.base.registry import TaskHandler
 from django_pgtasks.base.routing import queue_databases, queues_on
 from django_pgtasks.base.schema import LIVE_TABLE
 from django_pgtasks.lifecycle import claim as claiming
-from django_pgtasks.lifecycle import dependencies
+from django_pgtasks.lifecycle import dependencies, release
 from django_pgtasks.signals import task_enqueued
 
 __all__ = [
@@ -118,6 +118,8 @@ def drain(
                 Task.objects.using(alias).filter(queue__in=served).pending().filter(
                     run_after__gt=Now()).update(run_after=Now())
             _as_if_committed(alias)
+            # What a worker's releaser would do: the children of the tasks that ended.
+            release.release_all(alias)
             claimed = Task.objects.claim(runner.worker_id, served, limit=1, using=alias)
             if not claimed:
                 break
@@ -155,6 +157,7 @@ def run_task(task: Any, *, raise_errors: bool = False) -> Any:
             sql, [*params, runner.worker_id, runner.worker_id]))
     for row in claimed:
         runner._execute(row)
+        release.release_all(alias)
         if raise_errors and runner.exception is not None:
             raise runner.exception
     return Task.objects.using(alias).get(pk=pk)

@@ -86,7 +86,8 @@ def _unless_rerun(status: str, attempt: str = "t.attempt", run_after: str = "t.r
         attempt = CASE WHEN t.rerun_requested THEN 0 ELSE {attempt} END,
         run_after = CASE WHEN t.rerun_requested THEN now() ELSE {run_after} END,
         worker_ids = CASE WHEN t.rerun_requested THEN '[]'::jsonb ELSE {worker_ids} END,
-        rerun_requested = false, finished_at = now(), locked_at = NULL, updated_at = now()"""
+        rerun_requested = false, finished_at = statement_timestamp(), locked_at = NULL,
+        updated_at = now()"""
 
 
 #: The worker ids of a task's attempts without the last one: for an attempt given back.

@@ -7,7 +7,12 @@ Time that decides when a task may run always comes from the database clock (``no
 """
 
 from django_pgtasks.models.controls import MAX_RATE_LIMIT, KeyRateLimit, QueueControl
-from django_pgtasks.models.dependencies import Dependency, OnParentFailure, WorkflowMember
+from django_pgtasks.models.dependencies import (
+    Dependency,
+    OnParentFailure,
+    PendingRelease,
+    WorkflowMember,
+)
 from django_pgtasks.models.fields import TimestampArrayField
 from django_pgtasks.models.manager import TaskManager
 from django_pgtasks.models.queries import CancelResult, TaskQuerySet
@@ -18,7 +23,7 @@ from django_pgtasks.models.workers import WorkerProcess
 
 __all__ = [
     "CLAIM_ORDER", "FINISHED", "LIVE", "MAX_RATE_LIMIT", "PENDING", "ArchivedTask",
-    "CancelResult", "Dashboard", "Dependency", "KeyRateLimit", "OnParentFailure",
+    "CancelResult", "Dashboard", "Dependency", "KeyRateLimit", "OnParentFailure", "PendingRelease",
     "QueueControl", "Schedule", "Status", "Task", "TaskFields", "TaskManager", "TaskQuerySet",
     "TimestampArrayField", "WorkerProcess", "WorkflowMember",
 ]

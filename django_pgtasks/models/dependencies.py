@@ -105,6 +105,39 @@ class Dependency(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["child", "parent"], name="pgtasks_dependency_uniq"),
         ]
+        indexes = [
+            # The edges a release still has to resolve (migration 0017).
+            models.Index(fields=["parent"], condition=models.Q(resolved=False),
+                         name="pgtasks_dependency_open_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.child_id} after #{self.parent_id}"
+
+
+class PendingRelease(models.Model):
+    """A task with dependents that ended (or was deleted before it ended) and whose edges are
+    not all resolved yet: the workers release its children in bounded batches
+    (:mod:`django_pgtasks.lifecycle.release`). Written by the database when the task ends."""
+
+    #: Not a foreign key: the ended task may be purged before its release is done.
+    parent_id = models.BigIntegerField(_("ended task"), primary_key=True)
+    parent_status = models.CharField(
+        _("how it ended"), max_length=16,
+        help_text=_("SUCCESSFUL, FAILED or CANCELLED; DELETED for a task deleted before it "
+                    "ended."),
+    )
+    created_at = models.DateTimeField(_("ended at"))
+    due_at = models.DateTimeField(
+        _("next try"), help_text=_("A release that failed is tried again from this time."))
+    failures = models.IntegerField(_("failed tries"), default=0)
+    last_error = models.TextField(_("last error"), blank=True, default="")
+
+    class Meta:
+        db_table = "pgtasks_pending_release"
+        verbose_name = _("pending release")
+        verbose_name_plural = _("pending releases")
+        indexes = [models.Index(fields=["due_at"], name="pgtasks_release_due_idx")]
+
+    def __str__(self) -> str:
+        return f"release of the dependents of #{self.parent_id}"

@@ -39,11 +39,14 @@ logger = logging.getLogger("django_pgtasks.listener")
 CHANNEL = "pgtasks"
 #: Requests to stop running tasks: ``"<task id> <worker id>"``.
 CANCEL_CHANNEL = "pgtasks_cancel"
+#: The payload on ``pgtasks`` of a task with dependents that ended: a release is due
+#: (migration 0016). No queue name starts with ``@``.
+RELEASE_PAYLOAD = "@release"
 #: Delayed tasks a listener keeps track of; beyond that the poll finds them.
 MAX_REMEMBERED = 10_000
 
 
-__all__ = ["CANCEL_CHANNEL", "CHANNEL", "Listener", "open_connection"]
+__all__ = ["CANCEL_CHANNEL", "CHANNEL", "RELEASE_PAYLOAD", "Listener", "open_connection"]
 
 
 class Listener:
@@ -64,6 +67,7 @@ class Listener:
         *,
         worker_id: str | None = None,
         on_cancel: Callable[[int], None] | None = None,
+        on_release: Callable[[], None] | None = None,
         timeout: float | None = None,
         listen: bool = True,
         tick: float | None = None,
@@ -74,6 +78,8 @@ class Listener:
         self.using = using
         self.worker_id = worker_id
         self.on_cancel = on_cancel
+        #: Called when a task with dependents ended (a release is due).
+        self.on_release = on_release
         self.queues = set(queues)
         self.wakeup = wakeup
         #: Seconds one wait for notifications lasts at most (``None``: until a notification
@@ -137,6 +143,10 @@ class Listener:
             logger.exception("Error while stopping cancelled task id=%s.", pk)
 
     def _handle(self, payload: str) -> None:
+        if payload == RELEASE_PAYLOAD:
+            if self.on_release is not None:
+                self.on_release()
+            return
         queue, _, delay = payload.partition("@")
         if queue not in self.queues:
             return

@@ -39,6 +39,7 @@ from django_pgtasks.base.schema import is_missing_schema, not_migrated
 from django_pgtasks.base.sessions import transaction_pooler
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import NotMigratedError, WorkerShutdown
+from django_pgtasks.lifecycle import release
 from django_pgtasks.lifecycle.recorder import Recorder, close_connection
 from django_pgtasks.lifecycle.transitions import (
     Interrupted,
@@ -54,6 +55,7 @@ from django_pgtasks.worker.execution import TaskExecution
 from django_pgtasks.worker.listener import Listener
 from django_pgtasks.worker.liveness import Liveness
 from django_pgtasks.worker.pool import ThreadPool
+from django_pgtasks.worker.releaser import Releaser
 from django_pgtasks.worker.tracing import end_run
 from django_pgtasks.worker.watchdog import Watchdog
 
@@ -137,6 +139,8 @@ class Worker(Watchdog, TaskExecution):
         self.liveness = Liveness(self.worker_id, self.queues, self.concurrency, self.using)
         #: Records every outcome (the invariant: recorded, or back in the queue).
         self.recorder = Recorder(self.using, give_up=self._force)
+        #: Releases the children of ended parents, on a thread of its own.
+        self.releaser = Releaser(self.using, interval=max(self.poll_interval, 0.1))
         self._next_heartbeat = 0.0
         self.processed = 0
 
@@ -156,6 +160,8 @@ class Worker(Watchdog, TaskExecution):
         pool = self._pool = ThreadPool(self.concurrency, self._execute, self._wakeup,
                                        on_crash=self._crashed)
         listener = self._start_watchdog()  # registers the worker first
+        if not self.burst:  # a burst worker releases on its loop when idle (_release_now)
+            self.releaser.start()
         try:
             look = True  # is there reason to claim? (start-up, a wake-up, a full last claim)
             while not self._stop.is_set():
@@ -190,11 +196,14 @@ class Worker(Watchdog, TaskExecution):
                 # task finishing during the claim may have just made itself due again (a
                 # retry), after its snapshot.
                 if not busy and not recording and self.burst and retry_in is None:
+                    if self._release_now():
+                        continue
                     break
                 self.listener.claimed_all_due()
             code = max(self._shutdown(pool), self._exit_code)
         finally:
             self._record_outcomes(everything=True)
+            self.releaser.stop()
             self._stop_watchdog(listener)  # unregisters the worker
             connections[self.using].close()
         logger.info("Worker %s stopped after %d task(s).", self.worker_id, self.processed)
@@ -336,6 +345,8 @@ class Worker(Watchdog, TaskExecution):
                 logger.exception("Error while recording %d outcome(s).", len(entries))
                 statuses = {}
             self.outcomes.forget(entries)
+            if any(getattr(task, "has_dependents", False) for task, *_ in entries):
+                self.releaser.wake()  # the notification may be off or late
             if any(statuses.get(task.pk) is None for task, *_ in entries):
                 self._lost_outcomes()
             # The batch's callbacks go to the pool as one job, not one each: a hand-off to a
@@ -345,6 +356,16 @@ class Worker(Watchdog, TaskExecution):
                 self._pool.call_soon(lambda calls=calls: _call_each(calls))
             else:
                 _call_each(calls)
+
+    def _release_now(self) -> bool:
+        """A burst worker about to stop: release on this thread what is due (children of
+        tasks that just ended may become ready); ``True`` if some edge was released."""
+        try:
+            self._prepare_session()
+            return release.release_all(self.using) > 0
+        except (DatabaseError, InterfaceError) as exc:
+            self._database_error("releasing the dependents of ended tasks", exc)
+            return False
 
     def _stop_if_not_migrated(self, exc: BaseException) -> bool:
         """Stop the worker (exit status 1) when ``exc`` says the database lacks the tables or

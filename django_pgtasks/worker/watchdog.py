@@ -64,7 +64,8 @@ class Watchdog:
         listen_on = listen_database(self.using) if pgtasks_settings.LISTEN else None
         watchdog = Listener(
             self.using, self.queues, self._wakeup, worker_id=self.worker_id,
-            on_cancel=self._stop_task, listen=listen_on == self.using, tick=WATCH_TICK,
+            on_cancel=self._stop_task, on_release=self.releaser.wake,
+            listen=listen_on == self.using, tick=WATCH_TICK,
             on_connect=on_connect, on_tick=self._watch,
             on_stop=lambda conn: self.liveness.unregister(),
         )
@@ -72,7 +73,8 @@ class Watchdog:
         self.listener = watchdog
         if listen_on is not None and listen_on != self.using:
             self._notifications = Listener(listen_on, self.queues, self._wakeup,
-                                           worker_id=self.worker_id, on_cancel=self._stop_task)
+                                           worker_id=self.worker_id, on_cancel=self._stop_task,
+                                           on_release=self.releaser.wake)
             self._notifications.start()
             self.listener = self._notifications
         watchdog.start()
