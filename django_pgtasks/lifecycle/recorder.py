@@ -25,6 +25,7 @@ from django_pgtasks.lifecycle.transitions import (
     Failed,
     Interrupted,
     Outcome,
+    end_for_good,
     unstorable,
     write,
 )
@@ -45,8 +46,11 @@ class Recorder:
     - Any other error means the statement will fail the same way again: a batch is split in
       halves until the culprit is alone, so the other runs are recorded; the culprit's
       outcome is replaced by a failure that says what could not be stored
-      (:func:`unstorable`); if even that fails, the task is interrupted (given back); if
-      even that fails, it is left to the rescue and the error logged.
+      (:func:`unstorable`); if even that fails, the task is interrupted (given back, within
+      its interruption budget); if even that fails, it is ended ``FAILED`` by the simplest
+      write there is (:func:`end_for_good`, logged at CRITICAL), so that a fault in
+      recording never runs a handler again and again; only if that fails too is it left
+      to the rescue.
 
     Nothing is swallowed without a log line. Thread-safe: each thread uses its own Django
     connection to ``using``.
@@ -108,9 +112,18 @@ class Recorder:
             if written is None:
                 return {task.pk: None}
             return {task.pk: written.get(task.pk, "")}
-        logger.error("Task id=%s name=%s stays RUNNING until the rescue of abandoned tasks "
-                     "takes it back.", task.pk, task.name)
-        return {task.pk: None}
+        # Nothing else could be written: the simplest end there is, so that the run is never
+        # given back to run again for a fault in its recording.
+        try:
+            ended = self.attempt(lambda: end_for_good(self.using, task.pk, exc, lease=task) or ())
+        except Exception as again:
+            logger.critical("Task id=%s name=%s: even the simplest end was refused (%r); it "
+                            "stays RUNNING until the rescue of abandoned tasks takes it.",
+                            task.pk, task.name, again, exc_info=again)
+            return {task.pk: None}
+        if ended is None:
+            return {task.pk: None}
+        return {task.pk: "FAILED" if ended else ""}
 
     def _with_retries(self, runs: list[tuple[Claimed, Outcome]]) -> dict[int, str] | None:
         """:func:`write`, tried again on transient errors; ``None`` if it never succeeded."""

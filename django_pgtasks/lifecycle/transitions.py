@@ -271,9 +271,20 @@ RESCUE_SQL = f"""
 """
 
 
+#: The rescue of one abandoned task (its id the last parameter): a batch the database refused
+#: is rescued task by task, so that one row cannot keep the others running.
+RESCUE_ONE_SQL = RESCUE_SQL.replace(
+    "FOR UPDATE SKIP LOCKED", "AND id = %s FOR UPDATE SKIP LOCKED")
+
+
 def rescue_params() -> list[Any]:
     """Parameters of :data:`RESCUE_SQL`."""
     return [*abandoned_params(), *_interrupted_params()]
+
+
+def rescue_one_params(task_id: int) -> list[Any]:
+    """Parameters of :data:`RESCUE_ONE_SQL`."""
+    return [*abandoned_params(), task_id, *_interrupted_params()]
 
 
 # -- outcomes ------------------------------------------------------------------------------
@@ -379,6 +390,39 @@ def unclaim(using: str, tasks: Sequence[Claimed]) -> dict[int, str]:
         cursor.execute(UNCLAIM_SQL, [[t.pk for t in tasks], [t.locked_by for t in tasks],
                                      [t.claims for t in tasks]])
         return dict(cursor.fetchall())
+
+
+# The last resort, for a run whose every other end the database refused (a fault in a column,
+# a trigger, a constraint): FAILED with a bounded text, and nothing else a fault could lie in
+# (no result, no error history, no counters). Guarded by the lease, or (for the rescue, whose
+# worker is gone) by the state alone.
+END_FOR_GOOD_SQL = """
+    UPDATE pgtasks_task SET status = 'FAILED', error_text = %s, locked_at = NULL,
+        finished_at = statement_timestamp(), updated_at = statement_timestamp()
+    WHERE id = %s AND status = 'RUNNING'
+      AND (%s::text IS NULL OR (locked_by = %s AND claims = %s))
+    RETURNING id, name, locked_by
+"""
+
+
+def end_for_good(using: str, task_id: int, error: BaseException, *,
+                 lease: Claimed | None = None) -> tuple[int, str, str] | None:
+    """End a running task ``FAILED`` by the simplest write there is, after every other end
+    of its run was refused; logged at CRITICAL with its id. Returns its id, name and worker
+    if it ended (``None``: it was no longer running, or no longer under ``lease``)."""
+    text = truncate_error(reason_text(UnstorableResultError, (
+        f"Every end of this run was refused by the database; the task was ended by the "
+        f"simplest write. The first refusal: {qualified_name(type(error))}: {error}")))
+    worker = lease.locked_by if lease is not None else None
+    claims = lease.claims if lease is not None else None
+    with connections[using].cursor() as cursor:
+        cursor.execute(END_FOR_GOOD_SQL, [text, task_id, worker, worker, claims])
+        ended = cursor.fetchone()
+    if ended is not None:
+        logger.critical("Task id=%s was ended FAILED by the simplest write: the database refused "
+                        "every other end of its run (%s: %s).", task_id,
+                        qualified_name(type(error)), str(error).strip().split("\n", 1)[0])
+    return ended
 
 
 def unstorable(exc: BaseException) -> Failed:

@@ -41,16 +41,20 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from django_pgtasks.base import maintenance
 from django_pgtasks.base.conflicts import retry_conflicts
+from django_pgtasks.base.errors import is_transient
 from django_pgtasks.base.sessions import liveness_mode, open_connection
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.transitions import (
     ABANDONED_SQL,
     LOCK_NAMESPACE,
     LOST_WORKER_SQL,
+    RESCUE_ONE_SQL,
     RESCUE_SQL,
     abandoned_params,
+    end_for_good,
     lock_key,
     lost_worker_params,
+    rescue_one_params,
     rescue_params,
 )
 
@@ -115,11 +119,48 @@ def _rescue_pass(alias: str, dry_run: bool) -> tuple[list[Rescued], list[str]] |
                 f"WHERE status = 'RUNNING' AND ({ABANDONED_SQL}) ORDER BY id",
                 abandoned_params())
             return [Rescued(*row) for row in cursor.fetchall()], []
-        cursor.execute(RESCUE_SQL, rescue_params())
-        rescued = [Rescued(*row) for row in cursor.fetchall()]
+        rescued = _rescue_rows(alias, cursor)
         cursor.execute(FORGET_LOST_WORKERS_SQL, lost_worker_params())
         lost = [row[0] for row in cursor.fetchall()]
     return rescued, lost
+
+
+def _rescue_rows(alias: str, cursor) -> list[Rescued]:
+    """The rescue statement, in a savepoint; if the database refuses it (a fault in one row),
+    each abandoned task is rescued on its own, and one that is refused even alone is ended
+    by the simplest write (:func:`~django_pgtasks.lifecycle.transitions.end_for_good`): one
+    row never keeps the others running for good."""
+    try:
+        with transaction.atomic(using=alias):
+            cursor.execute(RESCUE_SQL, rescue_params())
+            return [Rescued(*row) for row in cursor.fetchall()]
+    except DatabaseError as exc:
+        if is_transient(exc):
+            raise
+        logger.error("The rescue of abandoned tasks failed (%s); rescuing them one by one.",
+                     str(exc).strip().split("\n", 1)[0])
+    cursor.execute(f"SELECT id FROM pgtasks_task WHERE status = 'RUNNING' AND "
+                   f"({ABANDONED_SQL}) ORDER BY id", abandoned_params())
+    rescued: list[Rescued] = []
+    for (task_id,) in cursor.fetchall():
+        try:
+            with transaction.atomic(using=alias):
+                cursor.execute(RESCUE_ONE_SQL, rescue_one_params(task_id))
+                rescued.extend(Rescued(*row) for row in cursor.fetchall())
+            continue
+        except DatabaseError as exc:
+            if is_transient(exc):
+                raise
+            refusal = exc
+        try:
+            with transaction.atomic(using=alias):
+                ended = end_for_good(alias, task_id, refusal)
+            if ended is not None:
+                rescued.append(Rescued(*ended, "FAILED"))
+        except DatabaseError as exc:
+            logger.critical("Task id=%s: its rescue and even the simplest end were refused "
+                            "(%s); it stays RUNNING.", task_id, exc)
+    return rescued
 
 
 class Liveness:

@@ -245,3 +245,28 @@ def wf_collect_once(ctx: TaskContext) -> list[Any]:
     """A group's callback whose log row commits with its outcome: exactly once."""
     Execution.objects.create(task_id=ctx.task_id, worker="callback", attempt=ctx.attempt)
     return [outcome.status for outcome in ctx.parents()]
+
+
+# -- releases and ends under faults (tests/integration/test_release.py) ------------------------
+
+
+@pgtask(context=True, max_attempts=1)
+def wf_flaky(ctx: TaskContext, label: str) -> str:
+    """Fails the first time it runs (its log row stays), succeeds afterwards."""
+    first = not Execution.objects.filter(worker=label).exists()
+    Execution.objects.create(task_id=ctx.task_id, worker=label, attempt=ctx.attempt)
+    if first:
+        raise ValueError(f"{label} fails the first time")
+    return label
+
+
+@pgtask(context=True, atomic=True, max_attempts=1)
+def atomic_after_lock(ctx: TaskContext, key: int) -> str:
+    """Exactly-once: writes its log row, then waits for the advisory lock ``key`` (held by a
+    test) inside its transaction, whose start time is then long past when it ends."""
+    from django.db import connection
+
+    Execution.objects.create(task_id=ctx.task_id, worker="atomic", attempt=ctx.attempt)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+    return "done"

@@ -1,0 +1,330 @@
+"""Every task still reaches its end when releasing, recording or rescuing meets a fault.
+
+- a release that fails (a defect in the database's release function, a statement timeout)
+  never keeps the parent's end from being recorded and never runs its handler again;
+- a fan-out of 20,000 children under ``statement_timeout = 1s``: the atomic parent ends
+  SUCCESSFUL once with its writes, every child runs;
+- a retry re-opens the whole downstream (a chain, a diamond's join), live or in history;
+- an ``atomic=True`` end lands in a period made after its transaction began;
+- an end the database refuses in every form, and a rescue refused for one row, end with the
+  simplest write without holding up the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+
+import pytest
+from django.db import connection, connections
+from django.db.models.functions import Now
+
+from django_pgtasks.lifecycle.release import release_all
+from django_pgtasks.models import FINISHED, PendingRelease, Status, Task
+from django_pgtasks.worker.liveness import rescue
+from django_pgtasks.worker.loop import Worker
+from django_pgtasks.workflows import chain
+from tests.helpers import wait_until
+from tests.testapp import tasks
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain(threads: int = 2) -> None:
+    assert Worker(concurrency=threads, burst=True).run(install_signals=False) == 0
+
+
+@contextmanager
+def running_worker(**options) -> Iterator[Worker]:
+    """A worker (not burst: its releaser thread runs) in a thread, stopped on exit."""
+    worker = Worker(**{"concurrency": 2, "poll_interval": 0.2, **options})
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run(install_signals=False)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive(), "the worker did not stop"
+    assert not errors, errors
+
+
+@contextmanager
+def replaced_function(signature: str, body: str) -> Iterator[None]:
+    """Replace a database function (a fault injected), and put the original back."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_get_functiondef(%s::regprocedure)", [signature])
+        original = cursor.fetchone()[0]
+        cursor.execute(body)
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(original)
+
+
+@contextmanager
+def fault_trigger(name: str, when: str) -> Iterator[None]:
+    """A BEFORE UPDATE trigger on the live partition that refuses the rows ``when`` holds."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"""
+            CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'injected fault in task %', NEW.id; END $$;
+            CREATE TRIGGER {name} BEFORE UPDATE ON pgtasks_task_live FOR EACH ROW
+                WHEN ({when}) EXECUTE FUNCTION {name}();""")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER {name} ON pgtasks_task_live; DROP FUNCTION {name}();")
+
+
+def status(task: Task) -> str:
+    return Task.objects.get(pk=task.pk).status
+
+
+# -- 1. a release that cannot finish ------------------------------------------------------------
+
+FAILING_RELEASE = """
+CREATE OR REPLACE FUNCTION pgtasks_release(p_parents bigint[], p_limit integer)
+RETURNS integer LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'injected release fault'; END $$;
+"""
+
+
+@pytest.mark.slow
+def test_a_failing_release_records_the_parent_once_and_is_retried_with_back_off(caplog) -> None:
+    workflow = chain(tasks.wf_step.build("parent"), tasks.wf_step.build("child")).enqueue()
+    parent, child = workflow.tasks
+    with caplog.at_level(logging.WARNING, logger="django_pgtasks.worker"), running_worker():
+        with replaced_function("pgtasks_release(bigint[], integer)", FAILING_RELEASE):
+            wait_until(lambda: PendingRelease.objects.filter(failures__gte=2).exists(), 60,
+                       "the failing release to be tried twice")
+            mark = PendingRelease.objects.get(parent_id=parent.pk)
+            assert "injected release fault" in mark.last_error
+            assert mark.due_at > mark.created_at  # backing off
+            assert status(parent) == Status.SUCCESSFUL
+            assert status(child) == Status.WAITING
+            # Never run again for a release that failed: its end was recorded first.
+            assert Execution.objects.filter(worker="parent").count() == 1
+        PendingRelease.objects.update(due_at=Now())  # the fault is gone: due now
+        wait_until(lambda: status(child) == Status.SUCCESSFUL, 60, "the child to run")
+    assert f"Releasing the dependents of task id={parent.pk} failed" in caplog.text
+    assert sorted(Execution.objects.values_list("worker", flat=True)) == ["child", "parent"]
+    assert not PendingRelease.objects.exists()
+
+
+# -- 2. a large fan-out under an ordinary statement timeout ------------------------------------
+
+@contextmanager
+def database_statement_timeout(value: str) -> Iterator[None]:
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{name}" SET statement_timeout = %s', [value])
+    connections.close_all()  # new sessions take the setting
+    try:
+        yield
+    finally:
+        connections.close_all()
+        with connection.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" RESET statement_timeout')
+        connections.close_all()
+
+
+@pytest.mark.slow
+def test_a_fan_out_of_20000_under_a_1s_statement_timeout_runs_every_child_once() -> None:
+    children = 20_000
+    parent = tasks.log_execution_atomic.build()
+    members = [parent, *(tasks.noop.build() for _ in range(children))]
+    Task.objects.enqueue_linked(members, [[], *([[parent]] * children)])
+    with database_statement_timeout("1s"), running_worker(concurrency=4, prefetch="auto"):
+        wait_until(lambda: Task.objects.filter(status=Status.SUCCESSFUL).count() == children + 1,
+                   300, "every child to run")
+    parent = Task.objects.get(pk=parent.pk)
+    assert parent.status == Status.SUCCESSFUL
+    assert parent.attempt == 1
+    assert parent.interruptions == 0
+    # Its atomic write committed with its end, once.
+    assert list(Execution.objects.values_list("task_id", flat=True)) == [parent.pk]
+    assert not Task.objects.exclude(status=Status.SUCCESSFUL).exists()
+    assert not PendingRelease.objects.exists()
+
+
+# -- 3. a retry re-opens the whole downstream ------------------------------------------------
+
+def test_retrying_a_failed_chain_head_reopens_every_step_after_it() -> None:
+    workflow = chain(tasks.wf_flaky.build("head"), tasks.wf_step.build("b"),
+                     tasks.wf_step.build("c")).enqueue()
+    drain()
+    assert [t.status for t in workflow.members().order_by("id")] == [
+        Status.FAILED, Status.CANCELLED, Status.CANCELLED]
+    assert Task.objects.filter(pk=workflow.tasks[0].pk).retry_now() == 1
+    drain()
+    assert [t.status for t in workflow.members().order_by("id")] == [Status.SUCCESSFUL] * 3
+    assert sorted(Execution.objects.values_list("worker", flat=True)) == ["b", "c", "head",
+                                                                          "head"]
+
+
+def test_retrying_the_root_of_a_diamond_reopens_both_branches_and_the_join() -> None:
+    root, left, right, join = (tasks.wf_flaky.build("root"), tasks.wf_step.build("left"),
+                               tasks.wf_step.build("right"), tasks.wf_collect.build())
+    Task.objects.enqueue_linked([root, left, right, join], [[], [root], [root], [left, right]])
+    drain()
+    assert status(join) == Status.CANCELLED
+    Task.objects.filter(pk=root.pk).retry_now()
+    assert status(join) == Status.WAITING  # re-opened in the retry's transaction
+    drain()
+    assert [status(t) for t in (root, left, right, join)] == [Status.SUCCESSFUL] * 4
+    assert Task.objects.get(pk=join.pk).result == [["SUCCESSFUL", "left"],
+                                                   ["SUCCESSFUL", "right"]]
+    assert Execution.objects.filter(worker="callback").count() == 1
+
+
+def test_a_retry_while_the_release_is_pending_drops_the_mark_and_reopens() -> None:
+    """The parent failed and its release is still pending (nobody released yet): the retry
+    drops the mark, so the child is never cancelled for an end that no longer holds."""
+    workflow = chain(tasks.wf_flaky.build("first"), tasks.wf_step.build("second")).enqueue()
+    first, second = workflow.tasks
+    [claimed] = Task.objects.claim("w", limit=1)
+    Execution.objects.create(task_id=first.pk, worker="first", attempt=1)  # its failed run
+    assert Task.objects.mark_failed(claimed, "boom", retry_delay=None)
+    assert PendingRelease.objects.filter(parent_id=first.pk, parent_status="FAILED").exists()
+    Task.objects.filter(pk=first.pk).retry_now()
+    assert not PendingRelease.objects.exists()
+    release_all("default")
+    assert status(second) == Status.WAITING
+    drain()
+    assert [status(first), status(second)] == [Status.SUCCESSFUL] * 2
+
+
+# -- 4. an atomic end after the period its transaction began in was dropped -------------------
+
+def _period_of_now() -> tuple[str, datetime, datetime]:
+    """The done-history partition holding the current time, and its bounds."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            SELECT c.relname, pg_get_expr(c.relpartbound, c.oid)
+            FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = 'pgtasks_task_done'::regclass""")
+        rows = cursor.fetchall()
+        for name, bound in rows:
+            found = re.findall(r"'([^']+)'", bound)
+            if len(found) != 2:
+                continue
+            cursor.execute("SELECT %s::timestamptz <= now() AND now() < %s::timestamptz, "
+                           "%s::timestamptz, %s::timestamptz", [*found, *found])
+            holds, start, end = cursor.fetchone()
+            if holds:
+                return name, start, end
+    raise AssertionError(f"no period holds the current time: {rows}")
+
+
+@pytest.mark.slow
+def test_an_atomic_end_lands_in_history_although_its_transactions_period_is_gone() -> None:
+    key = 7_070_707
+    task = Task.objects.enqueue(tasks.atomic_after_lock, key)
+    holder = connections.create_connection("default")
+    holder.set_autocommit(True)
+    period, _start, end = _period_of_now()
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [key])
+        with running_worker(concurrency=1):
+            # The handler's transaction began (its row written) and waits for the lock.
+            wait_until(lambda: Execution.objects.filter(task_id=task.pk).exists() or
+                       _waiting_for_advisory_lock(), 30, "the handler to wait")
+            wait_until(_waiting_for_advisory_lock, 30, "the handler to wait for the lock")
+            with holder.cursor() as cursor:
+                # Retention drops the period the transaction began in: here, everything of
+                # the current period up to this moment has no partition any more.
+                cursor.execute(f"ALTER TABLE pgtasks_task_done DETACH PARTITION {period}")
+                cursor.execute("SELECT clock_timestamp()")
+                cut = cursor.fetchone()[0]
+                cursor.execute(
+                    "CREATE TABLE pgtasks_task_done_ptest PARTITION OF pgtasks_task_done "
+                    f"FOR VALUES FROM ('{cut.isoformat()}') TO ('{end.isoformat()}')")
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+            wait_until(lambda: status(task) in FINISHED, 30, "the task to end")
+        ended = Task.objects.get(pk=task.pk)
+        assert (ended.status, ended.error_text) == (Status.SUCCESSFUL, "")
+        assert ended.finished_at >= cut
+        assert Execution.objects.filter(task_id=task.pk).count() == 1
+    finally:
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock_all()")
+            cursor.execute("SELECT to_regclass('pgtasks_task_done_ptest') IS NOT NULL")
+            if cursor.fetchone()[0]:
+                cursor.execute("ALTER TABLE pgtasks_task_done DETACH PARTITION "
+                               "pgtasks_task_done_ptest")
+                cursor.execute(f"INSERT INTO {period} SELECT * FROM pgtasks_task_done_ptest")
+                cursor.execute("DROP TABLE pgtasks_task_done_ptest")
+                cursor.execute(f"ALTER TABLE pgtasks_task_done ATTACH PARTITION {period} "
+                               f"FOR VALUES FROM ('{_start.isoformat()}') TO "
+                               f"('{end.isoformat()}')")
+        holder.close()
+
+
+def _waiting_for_advisory_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' "
+                       "AND datname = current_database()")
+        return cursor.fetchone()[0] > 0
+
+
+# -- one row never blocks the others ---------------------------------------------------------
+
+def test_an_end_refused_in_every_form_is_written_by_the_simplest_write(caplog) -> None:
+    refused = Task.objects.enqueue(tasks.wf_step, "refused")
+    others = [Task.objects.enqueue(tasks.wf_step, f"other{i}") for i in range(3)]
+    # A fault in the columns every usual end writes (the result, the error history).
+    when = (f"NEW.id = {refused.pk} AND (NEW.result IS DISTINCT FROM OLD.result "
+            f"OR NEW.errors IS DISTINCT FROM OLD.errors)")
+    with fault_trigger("pgtasks_test_refuse_end", when), \
+            caplog.at_level(logging.CRITICAL, logger="django_pgtasks.worker"):
+        drain()
+    ended = Task.objects.get(pk=refused.pk)
+    assert ended.status == Status.FAILED
+    assert "simplest write" in ended.error_text
+    assert "injected fault" in ended.error_text
+    assert f"Task id={refused.pk} was ended FAILED" in caplog.text
+    # It ran once: a fault in recording never runs a handler again.
+    assert Execution.objects.filter(worker="refused").count() == 1
+    assert {status(t) for t in others} == {Status.SUCCESSFUL}
+
+
+def test_a_rescue_refused_for_one_row_still_rescues_the_others(caplog) -> None:
+    refused = Task.objects.enqueue(tasks.noop)
+    other = Task.objects.enqueue(tasks.noop)
+    assert len(Task.objects.claim("ghost-worker", limit=2)) == 2
+    # Leased long ago by a worker that never registered: abandoned.
+    Task.objects.filter(pk__in=[refused.pk, other.pk]).update(
+        locked_at=Now() - timedelta(hours=1))
+    when = f"NEW.id = {refused.pk} AND NEW.interruptions <> OLD.interruptions"
+    with fault_trigger("pgtasks_test_refuse_rescue", when), \
+            caplog.at_level(logging.ERROR):
+        rescued = rescue("default")
+    assert {(r.id, r.status) for r in rescued} == {(other.pk, Status.READY),
+                                                   (refused.pk, Status.FAILED)}
+    assert status(other) == Status.READY
+    assert Task.objects.get(pk=other.pk).interruptions == 1
+    ended = Task.objects.get(pk=refused.pk)
+    assert ended.status == Status.FAILED
+    assert "simplest write" in ended.error_text
+    assert "rescuing them one by one" in caplog.text
+    # The next pass finds nothing left running.
+    assert rescue("default") == []
