@@ -128,6 +128,12 @@ class DashboardSection:
                 for task in self.snapshot.stuck]
 
     @cached_property
+    def failing_releases(self) -> list[dict[str, Any]]:
+        return [{"release": release,
+                 "url": _with_database(self.admin.url("change", release.id), self.database)}
+                for release in self.snapshot.releases.failing]
+
+    @cached_property
     def workflows(self) -> list[dict[str, Any]]:
         """The most recent workflows (:func:`dashboard.recent_workflows`: three queries,
         however many there are), with links to their tasks and callbacks."""

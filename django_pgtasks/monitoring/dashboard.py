@@ -43,9 +43,11 @@ from django_pgtasks.monitoring.errors import (
 from django_pgtasks.monitoring.rows import (
     DatabaseSnapshot,
     ErrorGroup,
+    FailingRelease,
     HourPoint,
     NameCounts,
     QueueRow,
+    ReleaseSummary,
     StuckTask,
     TableEstimate,
     WorkerRow,
@@ -408,6 +410,35 @@ def stuck_tasks(using: str) -> tuple[list[StuckTask], int]:
             for pk, name, queue, worker, attempt, max_attempts, locked_at in rows], count
 
 
+# The pending releases in one pass over their (small) table: its rows live from a parent's
+# end to its release, milliseconds unless a release fails.
+RELEASES_SQL = """
+    SELECT count(*), extract(epoch FROM now() - min(created_at)),
+           count(*) FILTER (WHERE failures > 0)
+    FROM pgtasks_pending_release
+"""
+FAILING_RELEASES_SQL = """
+    SELECT parent_id, parent_status, failures,
+           greatest(extract(epoch FROM due_at - now()), 0), last_error
+    FROM pgtasks_pending_release WHERE failures > 0
+    ORDER BY due_at, parent_id LIMIT %s
+"""
+
+
+def releases(using: str) -> ReleaseSummary:
+    """The releases of workflow children still to do, and those that failed."""
+    with _cursor(using) as cursor:
+        cursor.execute(RELEASES_SQL)
+        pending, oldest, failing_count = cursor.fetchone()
+        failing: list[FailingRelease] = []
+        if failing_count:
+            cursor.execute(FAILING_RELEASES_SQL, [MAX_STUCK])
+            failing = [FailingRelease(pk, status, failures, float(due), error)
+                       for pk, status, failures, due, error in cursor.fetchall()]
+    return ReleaseSummary(pending, None if oldest is None else float(oldest), failing_count,
+                          failing)
+
+
 def workers(using: str) -> list[WorkerRow]:
     """Registered worker processes, with their liveness by the rescue's rules."""
     with _cursor(using) as cursor:
@@ -563,7 +594,7 @@ def _snapshot(using: str, hours: int) -> DatabaseSnapshot:
         names_truncated=len(names) > MAX_NAMES, error_groups=_error_groups(finished, since),
         stuck=stuck, stuck_count=stuck_count, workers=workers(using),
         chart=hourly_chart(using, now, CHART_HOURS, live_now, finished.by_hour),
-        estimate=table_estimate(using),
+        estimate=table_estimate(using), releases=releases(using),
     )
 
 
@@ -581,8 +612,9 @@ def jsonable(snapshot: DatabaseSnapshot) -> dict[str, Any]:
 
 __all__ = [
     "ERROR_GROUP_LENGTH", "DatabaseSnapshot", "ErrorGroup", "HourPoint", "NameCounts",
-    "QueueRow", "StuckTask", "TableEstimate", "WorkerRow", "WorkflowCallback", "WorkflowRow",
+    "QueueRow", "ReleaseSummary", "StuckTask", "TableEstimate", "WorkerRow", "WorkflowCallback",
+    "WorkflowRow",
     "database_snapshot", "error_group_expression",
-    "failed_in_group", "hourly_chart", "jsonable", "queue_rows", "recent_workflows",
+    "failed_in_group", "hourly_chart", "jsonable", "queue_rows", "recent_workflows", "releases",
     "seconds_text", "stuck_tasks", "table_estimate", "window_start", "workers",
 ]

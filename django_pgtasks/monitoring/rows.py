@@ -132,6 +132,29 @@ class TableEstimate:
 
 
 @dataclass
+class FailingRelease:
+    """A release of a task's dependents that failed and waits for its next try."""
+
+    #: The ended task whose dependents wait.
+    id: int
+    status: str
+    failures: int
+    next_try_in: float
+    last_error: str
+
+
+@dataclass
+class ReleaseSummary:
+    """The releases of workflow children still to do (django_pgtasks.lifecycle.release)."""
+
+    pending: int
+    #: Seconds since the oldest pending release's task ended (``None``: none pending).
+    oldest_age: float | None
+    failing_count: int
+    failing: list[FailingRelease]
+
+
+@dataclass
 class DatabaseSnapshot:
     """Everything the dashboard shows for one database alias."""
 
@@ -149,6 +172,7 @@ class DatabaseSnapshot:
     workers: list[WorkerRow]
     chart: list[HourPoint]
     estimate: TableEstimate
+    releases: ReleaseSummary
 
     @property
     def live_statuses(self) -> list[str]:

@@ -22,9 +22,12 @@ from datetime import datetime, timedelta
 import pytest
 from django.db import connection, connections
 from django.db.models.functions import Now
+from django.urls import reverse
 
+from django_pgtasks.checks import _release_warnings
 from django_pgtasks.lifecycle.release import release_all
 from django_pgtasks.models import FINISHED, PendingRelease, Status, Task
+from django_pgtasks.monitoring.dashboard import releases
 from django_pgtasks.worker.liveness import rescue
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.workflows import chain
@@ -108,7 +111,8 @@ BEGIN RAISE EXCEPTION 'injected release fault'; END $$;
 
 
 @pytest.mark.slow
-def test_a_failing_release_records_the_parent_once_and_is_retried_with_back_off(caplog) -> None:
+def test_a_failing_release_records_the_parent_once_and_is_retried_with_back_off(
+        caplog, admin_client) -> None:
     workflow = chain(tasks.wf_step.build("parent"), tasks.wf_step.build("child")).enqueue()
     parent, child = workflow.tasks
     with caplog.at_level(logging.WARNING, logger="django_pgtasks.worker"), running_worker():
@@ -122,11 +126,26 @@ def test_a_failing_release_records_the_parent_once_and_is_retried_with_back_off(
             assert status(child) == Status.WAITING
             # Never run again for a release that failed: its end was recorded first.
             assert Execution.objects.filter(worker="parent").count() == 1
+            # Visible: the check and the dashboard name it.
+            [warning] = _release_warnings("default")
+            assert warning.id == "django_pgtasks.W072"
+            assert f"task {parent.pk}: " in warning.msg
+            assert "injected release fault" in warning.msg
+            summary = releases("default")
+            assert (summary.pending, summary.failing_count) == (1, 1)
+            assert summary.failing[0].id == parent.pk
+            page = admin_client.get(reverse("admin:django_pgtasks_task_dashboard"))
+            assert page.status_code == 200
+            html = page.content.decode()
+            assert "Workflow releases: 1 ended task" in html
+            assert "1 failing" in html
+            assert f"#{parent.pk}</a>" in html
         PendingRelease.objects.update(due_at=Now())  # the fault is gone: due now
         wait_until(lambda: status(child) == Status.SUCCESSFUL, 60, "the child to run")
     assert f"Releasing the dependents of task id={parent.pk} failed" in caplog.text
     assert sorted(Execution.objects.values_list("worker", flat=True)) == ["child", "parent"]
     assert not PendingRelease.objects.exists()
+    assert _release_warnings("default") == []
 
 
 # -- 2. a large fan-out under an ordinary statement timeout ------------------------------------
