@@ -13,7 +13,10 @@ In a scratch database (``pgtasks_bench_workflows``, dropped at the end), with on
    group (the database's start and finish times), and how long after the last member ended
    the callback started (its release, wake-up and claim);
 3. chain: a chain of C no-op steps, each released by the end of the one before: the time per
-   step from the first start to the last finish (release, wake-up, claim, run, record).
+   step from the first start to the last finish (release, wake-up, claim, run, record);
+4. fan-out: one parent with F children (``--fan-out 1,1000,100000``): the time from the
+   parent's end to the first child's start (its release mark, the releaser's first batch,
+   the wake-up and claim), and to the last child's start (releases and the drain together).
 
 Every figure is the median of ``--repeat`` runs.
 """
@@ -82,6 +85,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--members", type=int, default=10_000, help="tasks per group")
     parser.add_argument("--chain", type=int, default=500, help="steps of the chain")
+    parser.add_argument("--fan-out", default="1,1000,100000",
+                        help="children of one parent, comma-separated sizes")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     recreate_database(DATABASE)
@@ -93,6 +98,9 @@ def main() -> None:
 
         n = args.members
         plain_s, group_s, plain_rate, group_rate, release_ms, step_ms = [], [], [], [], [], []
+        fan_outs = [int(size) for size in args.fan_out.split(",") if size]
+        fan_first: dict[int, list[float]] = {}
+        fan_last: dict[int, list[float]] = {}
         with connect(DATABASE) as conn:
             worker = start_worker()
             wait(conn, "SELECT count(*) > 0 FROM pgtasks_worker", 60)
@@ -127,6 +135,22 @@ def main() -> None:
                 step_ms.append(conn.execute(
                     "SELECT extract(epoch FROM max(finished_at) - min(started_at)) * 1000 / %s "
                     "FROM pgtasks_task", [args.chain]).fetchone()[0])
+                for size in fan_outs:
+                    conn.execute("TRUNCATE pgtasks_task")
+                    parent = Task.objects.build("bench.noop")
+                    members = [parent, *(Task.objects.build("bench.noop") for _ in range(size))]
+                    links = [[], *([[parent]] * size)]
+                    timed(lambda members=members, links=links: Task.objects.enqueue_linked(
+                        members, links))
+                    wait(conn, "SELECT count(*) = 0 FROM pgtasks_task "
+                               "WHERE status <> 'SUCCESSFUL'", 900)
+                    first, last = conn.execute(
+                        "SELECT extract(epoch FROM min(c.started_at) - p.finished_at) * 1000, "
+                        "extract(epoch FROM max(c.started_at) - p.finished_at) * 1000 "
+                        "FROM pgtasks_task c, pgtasks_task p WHERE p.id = %s AND c.id <> p.id "
+                        "GROUP BY p.finished_at", [parent.pk]).fetchone()
+                    fan_first.setdefault(size, []).append(first)
+                    fan_last.setdefault(size, []).append(last)
         med = statistics.median
         print(f"Enqueue of {n:,} tasks in one transaction: enqueue_many() {med(plain_s):.3f} s, "
               f"group(..., then=callback) {med(group_s):.3f} s "
@@ -137,6 +161,9 @@ def main() -> None:
               f"{med(release_ms):.1f} ms after the last member ended")
         print(f"Chain of {args.chain} steps: {med(step_ms):.2f} ms per step, from the first "
               f"start to the last finish")
+        for size, firsts in fan_first.items():
+            print(f"Fan-out of {size:,} children: the first child started {med(firsts):.1f} ms "
+                  f"after the parent ended, the last {med(fan_last[size]) / 1000:.2f} s after")
     finally:
         if worker is not None:
             worker.terminate()
