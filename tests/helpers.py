@@ -8,7 +8,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from django.db import connection, connections
 
@@ -104,6 +105,23 @@ def terminate_worker(process: subprocess.Popen, output: Output, timeout: float =
         raise AssertionError(
             f"Worker {process.args} did not stop within {timeout:g}s of SIGTERM; its output "
             f"and thread stacks:\n{output.text[-20000:]}") from None
+
+
+@contextmanager
+def database_statement_timeout(value: str) -> Iterator[None]:
+    """Give every new session of the test database ``statement_timeout = value`` (as
+    ``ALTER DATABASE … SET`` does on a production server), and take it back afterwards."""
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{name}" SET statement_timeout = %s', [value])
+    connections.close_all()  # new sessions take the setting
+    try:
+        yield
+    finally:
+        connections.close_all()
+        with connection.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" RESET statement_timeout')
+        connections.close_all()
 
 
 def run_workers(workers: list[Worker], until: Callable[[], bool] | None = None,

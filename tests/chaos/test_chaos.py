@@ -12,6 +12,10 @@ Every execution is logged by the handler in ``testapp.Execution``.
 - at-least-once mode: the log row commits before the completion, so a task whose worker died
   between the two runs again; every task must run at least once, and every duplicate must
   trace back to a killed worker;
+- workflow: ``chain(atomic parent, group(N atomic members, then=atomic callback))`` under
+  ``statement_timeout = 1s`` on every session of the database: the parent's end releases N
+  children in bounded batches, the callback is released once, every task runs exactly once
+  (N is ``PGTASKS_CHAOS_WORKFLOW_MEMBERS``, 5,000 by default; 100,000 by hand);
 - one attempt (``max_attempts=1``, native and through Django's ``@task``, whose default is one
   attempt): a killed worker interrupts its runs, which spends no attempt, so every task still
   ends SUCCESSFUL; one task in a hundred returns a value PostgreSQL cannot store and must end
@@ -20,6 +24,8 @@ Every execution is logged by the handler in ``testapp.Execution``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import statistics
 import threading
@@ -30,7 +36,14 @@ from django.db import connections, transaction
 from django.db.models import Count
 
 from django_pgtasks.models import Task, WorkerProcess
-from tests.helpers import Output, terminate_worker, terminate_worker_backends, wait_until
+from django_pgtasks.workflows import chain, group
+from tests.helpers import (
+    Output,
+    database_statement_timeout,
+    terminate_worker,
+    terminate_worker_backends,
+    wait_until,
+)
 from tests.testapp import lifecycle, tasks
 from tests.testapp.models import Execution
 
@@ -39,10 +52,12 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 N_TASKS = 5_000
 #: Tasks of the one-attempt modes.
 N_SMALL = 2_000
+#: Members of the workflow mode's group.
+N_WORKFLOW = int(os.environ.get("PGTASKS_CHAOS_WORKFLOW_MEMBERS", "5000"))
 WORKERS = 4
 #: A worker is killed as the successes pass each of these fractions of the tasks.
 KILL_AT = tuple(i / 10 for i in range(1, 10))
-TIME_LIMIT = 400
+TIME_LIMIT = int(os.environ.get("PGTASKS_CHAOS_TIME_LIMIT", "400"))
 
 
 def measure_rescue(worker_id: str, killed_at: float, delays: list[float]) -> None:
@@ -72,6 +87,11 @@ def enqueue(mode: str) -> tuple[int, set[int]]:
             lifecycle.returns_poison.build(kind) for kind in sorted(lifecycle.POISON)
             for _ in range(N_SMALL // 100 // len(lifecycle.POISON)))
         return N_SMALL, {task.pk for task in poisoned}
+    if mode == "workflow":
+        chain(tasks.chaos_exactly_once.build(),
+              group([tasks.chaos_exactly_once.build() for _ in range(N_WORKFLOW)],
+                    then=tasks.wf_collect_once.build())).enqueue()
+        return N_WORKFLOW + 2, set()
     handler = {"exactly_once": tasks.chaos_exactly_once,
                "at_least_once": tasks.chaos_at_least_once}[mode]
     Task.objects.enqueue_many(handler.build() for _ in range(N_TASKS))
@@ -80,8 +100,15 @@ def enqueue(mode: str) -> tuple[int, set[int]]:
 
 @pytest.mark.timeout(TIME_LIMIT + 120)
 @pytest.mark.parametrize("mode", ["exactly_once", "at_least_once", "one_attempt",
-                                  "django_one_attempt"])
+                                  "django_one_attempt", "workflow"])
 def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_command) -> None:
+    timeout = (database_statement_timeout("1s") if mode == "workflow"
+               else contextlib.nullcontext())
+    with timeout:
+        chaos(mode, start_command)
+
+
+def chaos(mode: str, start_command) -> None:
     rng = random.Random(20_000)
     processes: dict[str, tuple] = {}
     counter = iter(range(1000))
@@ -150,7 +177,7 @@ def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_com
     assert len(runs) == n_tasks  # every task ran
     interrupted = Task.objects.filter(interruptions__gt=0).count()
     duplicates = {task_id for task_id, n in runs.items() if n > 1}
-    if mode == "exactly_once":
+    if mode in ("exactly_once", "workflow"):
         assert not duplicates
     elif mode != "django_one_attempt":  # (Django's context names no worker)
         # A task runs again only if a run of it was cut short by a killed worker.

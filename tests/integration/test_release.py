@@ -31,7 +31,7 @@ from django_pgtasks.monitoring.dashboard import releases
 from django_pgtasks.worker.liveness import rescue
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.workflows import chain
-from tests.helpers import wait_until
+from tests.helpers import database_statement_timeout, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -149,21 +149,6 @@ def test_a_failing_release_records_the_parent_once_and_is_retried_with_back_off(
 
 
 # -- 2. a large fan-out under an ordinary statement timeout ------------------------------------
-
-@contextmanager
-def database_statement_timeout(value: str) -> Iterator[None]:
-    name = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute(f'ALTER DATABASE "{name}" SET statement_timeout = %s', [value])
-    connections.close_all()  # new sessions take the setting
-    try:
-        yield
-    finally:
-        connections.close_all()
-        with connection.cursor() as cursor:
-            cursor.execute(f'ALTER DATABASE "{name}" RESET statement_timeout')
-        connections.close_all()
-
 
 @pytest.mark.slow
 def test_a_fan_out_of_20000_under_a_1s_statement_timeout_runs_every_child_once() -> None:
