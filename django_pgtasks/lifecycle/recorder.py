@@ -25,6 +25,7 @@ from django_pgtasks.lifecycle.transitions import (
     Failed,
     Interrupted,
     Outcome,
+    Unstarted,
     unstorable,
     write,
 )
@@ -93,7 +94,9 @@ class Recorder:
         logger.error("Task id=%s name=%s: its outcome (%s) could not be recorded: %r",
                      task.pk, task.name, kind, exc, exc_info=exc)
         replacements: list[Outcome] = []
-        if not isinstance(outcome, Failed | Interrupted):
+        # A run that never started is not the handler's failure: only given back, or
+        # interrupted.
+        if not isinstance(outcome, Failed | Interrupted | Unstarted):
             replacements.append(unstorable(exc))
         if not isinstance(outcome, Interrupted):
             replacements.append(Interrupted(reason_text(
