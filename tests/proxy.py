@@ -69,6 +69,10 @@ class FlakyProxy:
             self._drop(pair)
         return len(pairs)
 
+    def refuse(self, seconds: float) -> None:
+        """Refuse new connections for ``seconds`` (0: accept again); the open ones go on."""
+        self._refuse_until = time.monotonic() + seconds
+
     def close(self) -> None:
         self._closed = True
         self._server.close()

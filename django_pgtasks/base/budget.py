@@ -7,7 +7,9 @@ every database that holds queues it serves). Each process opens, to its database
   rescue passes and the other maintenance jobs), and a dedicated one for liveness (the
   advisory lock and heartbeats) and ``LISTEN``;
 - **1 per pool thread** whose handler touches the database, or whose failure must be
-  recorded; a thread keeps its connection once it has opened one, so up to T.
+  recorded; a thread keeps its connection once it has opened one, so up to T. It is opened
+  before the handler starts (``worker/connecting.py``): a refusal then gives the task back
+  unspent, and the thread rests.
 
 That is ``P * (2 + T)``: ``--processes 4 --concurrency 25`` needs up to 4 * 27 = 108
 connections, more than PostgreSQL's default ``max_connections = 100``.

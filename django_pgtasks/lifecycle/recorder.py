@@ -25,6 +25,7 @@ from django_pgtasks.lifecycle.transitions import (
     Failed,
     Interrupted,
     Outcome,
+    Unstarted,
     end_for_good,
     unstorable,
     write,
@@ -97,7 +98,9 @@ class Recorder:
         logger.error("Task id=%s name=%s: its outcome (%s) could not be recorded: %r",
                      task.pk, task.name, kind, exc, exc_info=exc)
         replacements: list[Outcome] = []
-        if not isinstance(outcome, Failed | Interrupted):
+        # A run that never started is not the handler's failure: only given back, or
+        # interrupted.
+        if not isinstance(outcome, Failed | Interrupted | Unstarted):
             replacements.append(unstorable(exc))
         if not isinstance(outcome, Interrupted):
             replacements.append(Interrupted(reason_text(
@@ -112,6 +115,10 @@ class Recorder:
             if written is None:
                 return {task.pk: None}
             return {task.pk: written.get(task.pk, "")}
+        if isinstance(outcome, Unstarted):  # never ran: never ended without running
+            logger.error("Task id=%s name=%s stays RUNNING until the rescue of abandoned tasks "
+                         "takes it back.", task.pk, task.name)
+            return {task.pk: None}
         # Nothing else could be written: the simplest end there is, so that the run is never
         # given back to run again for a fault in its recording.
         try:

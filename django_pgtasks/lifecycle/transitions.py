@@ -21,8 +21,10 @@ How a run can end, kept apart:
   place in the queue (its ``run_after`` is kept), counting one interruption; past
   ``PGTASKS["MAX_INTERRUPTIONS"]`` it ends ``FAILED`` (a task that kills its worker cannot
   loop forever);
-- **given back unstarted** (:data:`UNCLAIM_SQL`): claimed but never started (prefetched tasks
-  of a stopping worker, a claim whose reply was lost): as if never claimed.
+- **given back unstarted** (:data:`UNCLAIM_SQL`, the outcome :class:`Unstarted`): claimed but
+  never started (prefetched tasks of a stopping worker, a claim whose reply was lost, a run
+  whose thread the database refused a connection before its handler started): as if never
+  claimed.
 
 The re-run rule (pattern "re-run when the source changes") is written once, in
 :func:`_unless_rerun`: a task whose key was enqueued again while it ran goes back to
@@ -199,13 +201,13 @@ INTERRUPT_SQL = f"""
 """
 
 # Claims undone: tasks that never started go back as if they had not been claimed (the
-# attempt and its worker id are taken back; nothing is counted).
+# attempt and its worker id are taken back; nothing is counted, not even an interruption).
 UNCLAIM_SQL = f"""
     UPDATE pgtasks_task t SET
         status = CASE WHEN t.attempt > 1 THEN 'AWAITING_RETRY' ELSE 'READY' END,
         attempt = t.attempt - 1, locked_at = NULL, started_at = NULL, updated_at = now(),
         worker_ids = {_WITHOUT_LAST_WORKER}, rerun_requested = false
-    FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS v(id, worker, lease)
+    FROM unnest(%b::bigint[], %b::text[], %b::bigint[]) AS v(id, worker, lease)
     WHERE {_LEASED}
     RETURNING t.id, t.status
 """
@@ -318,7 +320,16 @@ class Interrupted:
     error: str
 
 
-Outcome = Succeeded | Failed | Cancelled | Snoozed | Interrupted
+@dataclass(frozen=True)
+class Unstarted:
+    """The run never started (its handler was not called): the task goes back as if it had
+    not been claimed (:data:`UNCLAIM_SQL`). ``reason`` is for logs and traces only: nothing
+    of it is stored."""
+
+    reason: str = ""
+
+
+Outcome = Succeeded | Failed | Cancelled | Snoozed | Interrupted | Unstarted
 
 
 def _json(value: Any) -> str | None:
@@ -343,6 +354,7 @@ _STATEMENTS: dict[type, tuple[str, Callable[[Any], list[Any]]]] = {
     Cancelled: (CANCEL_SQL, lambda o: [truncate_error(o.error)]),
     Snoozed: (SNOOZE_SQL, lambda o: [float(o.seconds)]),
     Interrupted: (INTERRUPT_SQL, lambda o: [truncate_error(o.error)]),
+    Unstarted: (UNCLAIM_SQL, lambda o: []),
 }
 
 
@@ -384,12 +396,7 @@ def _by_id(run: tuple[Claimed, Outcome]) -> int:
 
 def unclaim(using: str, tasks: Sequence[Claimed]) -> dict[int, str]:
     """Give back claimed tasks that never started, as if they had not been claimed."""
-    if not tasks:
-        return {}
-    with connections[using].cursor() as cursor:
-        cursor.execute(UNCLAIM_SQL, [[t.pk for t in tasks], [t.locked_by for t in tasks],
-                                     [t.claims for t in tasks]])
-        return dict(cursor.fetchall())
+    return write(using, [(task, Unstarted()) for task in tasks])
 
 
 # The last resort, for a run whose every other end the database refused (a fault in a column,

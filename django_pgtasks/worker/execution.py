@@ -39,6 +39,7 @@ from django_pgtasks.lifecycle.transitions import (
     Outcome,
     Snoozed,
     Succeeded,
+    Unstarted,
     unstorable,
     write,
 )
@@ -102,6 +103,8 @@ class TaskExecution:
                 self._after_task()
             return
         try:
+            if not self._connect_for(task, handler):
+                return
             task_started.send(sender=Task, task=task, worker_id=self.worker_id)
             handler.started(task, self.worker_id)
             if handler.atomic:
@@ -112,10 +115,36 @@ class TaskExecution:
         finally:
             self._after_task()
 
+    def _connect_for(self, task: Task, handler: TaskHandler) -> bool:
+        """Get this thread's connection to the task database before the handler starts
+        (:mod:`django_pgtasks.worker.connecting`). ``False``: the database refused it, so the
+        handler does not start and the task goes back to the queue unspent, recorded by the
+        loop on its own connection; this thread rests before it takes another task."""
+        threads = self.thread_connections
+        if not threads.needed(task.name, handler.atomic, self.batched):
+            return True
+        exc = threads.connect()
+        if exc is None:
+            return True
+        pause = threads.refusal(exc)
+        logger.info("Task id=%s name=%s queue=%s given back unstarted: its thread could not "
+                    "connect (%s); the thread rests %.1fs.", task.pk, task.name, task.queue,
+                    _one_line(exc), pause)
+        outcome = Unstarted(reason_text(type(exc), f"The database refused the run's "
+                                                   f"connection: {_one_line(exc)}"))
+        if self._pool is None:  # no loop to record it (the in-test runner): record it here
+            status = self.recorder.record([(task, outcome)])[task.pk]
+            end_run(task, status, outcome, None)
+            return False
+        self._pool.rest(pause)
+        self._hand_in(task, outcome)
+        return False
+
     def _run(self, task: Task, handler: TaskHandler, started: float) -> None:
         """At-least-once mode: the handler, then the completion (batched or on its own)."""
         try:
-            result = self._call(handler, task)
+            with self.thread_connections.watching(task.name):
+                result = self._call(handler, task)
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
             self._end(task, handler, started, self._outcome_of(task, handler, exc), exc)
             return

@@ -51,6 +51,7 @@ from django_pgtasks.models import Task
 from django_pgtasks.patterns import retention  # noqa: F401
 from django_pgtasks.scheduling import job as scheduler  # noqa: F401
 from django_pgtasks.worker.completion import PendingOutcomes
+from django_pgtasks.worker.connecting import ThreadConnections
 from django_pgtasks.worker.execution import TaskExecution
 from django_pgtasks.worker.listener import Listener
 from django_pgtasks.worker.liveness import Liveness
@@ -141,6 +142,9 @@ class Worker(Watchdog, TaskExecution):
         self.recorder = Recorder(self.using, give_up=self._force)
         #: Releases the children of ended parents, on a thread of its own.
         self.releaser = Releaser(self.using, interval=max(self.poll_interval, 0.1))
+        #: The pool threads' connections, got before a handler starts.
+        self.thread_connections = ThreadConnections(self.using, self.worker_id,
+                                                    self.concurrency)
         self._next_heartbeat = 0.0
         self.processed = 0
 
@@ -169,15 +173,18 @@ class Worker(Watchdog, TaskExecution):
                 self._record_outcomes()
                 busy = pool.busy  # sampled before the claim, see the burst check below
                 recording = self.outcomes.due_in() is not None
+                # Threads the database refused a connection rest meanwhile: nothing is
+                # claimed for them (worker/connecting.py).
+                threads = self.concurrency - pool.resting
                 # Claim when a thread is free; with prefetch, once the prefetched tasks have
                 # all started, and then enough to fill the threads and the prefetch again.
-                prefetch = self._prefetch()
-                full = busy >= self.concurrency + (1 if prefetch else 0)
+                prefetch = self._prefetch() if threads > 0 else 0
+                full = busy >= threads + (1 if prefetch else 0)
                 if full or not (look or self._poll_due()):
                     # Until woken (new work, a free slot), the next poll, or maintenance.
                     look = self._sleep(self._idle_timeout()) or look
                     continue
-                wanted = self.concurrency + prefetch - busy
+                wanted = threads + prefetch - busy
                 tasks = self._claim(wanted)
                 if tasks is None:  # database error: paused already, try again
                     continue

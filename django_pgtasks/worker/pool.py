@@ -56,6 +56,10 @@ class ThreadPool:
         self._active: set[threading.Thread] = set()
         self._abandoned: set[threading.Thread] = set()
         self._started = 0
+        #: Threads resting after the database refused them a connection (rest()).
+        self._resting = 0
+        self._rest = threading.local()
+        self._closing = threading.Event()
         for _ in range(size):
             self._start_thread()
 
@@ -70,6 +74,17 @@ class ThreadPool:
     def busy(self) -> int:
         """Tasks submitted and not finished (or abandoned) yet."""
         return len(self._running)
+
+    @property
+    def resting(self) -> int:
+        """Threads that take no task for now (:meth:`rest`)."""
+        return self._resting
+
+    def rest(self, seconds: float) -> None:
+        """Called from a pool thread's target: once its current task returns, the thread
+        takes no other for ``seconds`` (less if the pool shuts down). Its slot is free at
+        once, and :attr:`resting` counts it meanwhile, so that nothing is claimed for it."""
+        self._rest.seconds = seconds
 
     @property
     def stuck(self) -> int:
@@ -147,6 +162,7 @@ class ThreadPool:
         with self._lock:
             active = list(self._active)
             self._closed = True
+        self._closing.set()
         for _ in active:
             self._queue.put(None)
         for thread in active:
@@ -176,6 +192,7 @@ class ThreadPool:
                             logger.exception("Task id=%s: the internal error could not be "
                                              "recorded; the task waits for the rescue.",
                                              task.pk)
+                rest = getattr(self._rest, "seconds", 0.0)
                 with self._lock:
                     abandoned = me in self._abandoned
                     if abandoned:
@@ -185,9 +202,17 @@ class ThreadPool:
                         # may already be claimed again (a retry due at once) and submitted
                         # under the same id.
                         del self._running[task.pk]
+                    if rest and not abandoned:
+                        self._resting += 1  # counted before the slot is seen free
                 if abandoned:  # timed out: a replacement thread has taken over the slot
                     return
                 self._slot_freed.set()
+                if rest:
+                    self._rest.seconds = 0.0
+                    self._closing.wait(rest)
+                    with self._lock:
+                        self._resting -= 1
+                    self._slot_freed.set()  # a thread is there again to run a task
         finally:
             connections.close_all()
 

@@ -26,6 +26,7 @@ from django_pgtasks.lifecycle.transitions import (
     Interrupted,
     Outcome,
     Snoozed,
+    Unstarted,
 )
 from django_pgtasks.models import Status
 
@@ -42,7 +43,7 @@ _OUTCOMES = {
     Status.CANCELLED: "cancelled",
 }
 #: Outcomes that make the run span an error.
-_ERRORS = frozenset({"retry", "failed", "interrupted", "lost", "unrecorded"})
+_ERRORS = frozenset({"retry", "failed", "interrupted", "lost", "unrecorded", "unstarted"})
 
 
 def start_run(task: Any, worker_id: str) -> Any | None:
@@ -119,13 +120,16 @@ def end_run(task: Any, status: str | None, outcome: Outcome | None,
 
 def outcome_name(status: str | None, outcome: Outcome | None) -> str:
     """How the run ended, for ``pgtasks.task.outcome``: ``successful``, ``retry``, ``failed``,
-    ``cancelled``, ``snoozed``, ``interrupted`` (given back to the queue), ``rerun`` (its key
+    ``cancelled``, ``snoozed``, ``interrupted`` (given back to the queue), ``unstarted`` (given
+    back before its handler started: its thread could not connect), ``rerun`` (its key
     was enqueued again while it ran), ``lost`` (the worker no longer held the task: nothing
     recorded) or ``unrecorded`` (the database could not be reached; the task is given back)."""
     if status is None:
         return "unrecorded"
     if status == "":
         return "lost"
+    if isinstance(outcome, Unstarted):
+        return "unstarted"
     if status in _OUTCOMES:
         return _OUTCOMES[status]
     if isinstance(outcome, Interrupted):
@@ -142,4 +146,6 @@ def _description(name: str, outcome: Outcome | None) -> str:
         return "The run's outcome could not be recorded; the task is given back."
     if isinstance(outcome, Failed | Interrupted | Cancelled):
         return outcome.error.partition("\n")[0]
+    if isinstance(outcome, Unstarted):
+        return outcome.reason.partition("\n")[0]
     return ""

@@ -47,3 +47,32 @@ def test_a_task_resubmitted_before_its_last_run_cleared_still_counts_as_running(
         release_second.set()
         pool.shutdown()
     assert pool.busy == 0
+
+
+def test_a_resting_thread_is_counted_and_takes_no_task_until_its_rest_ends() -> None:
+    """A thread the database refused a connection rests: the loop sees it as resting no later
+    than it sees its slot free (so it claims nothing for it), and the thread runs nothing
+    meanwhile; shutting the pool down ends the rest."""
+    ran: list[tuple[int, str]] = []
+    seen_at_free: list[tuple[int, int]] = []
+    pool: ThreadPool
+
+    def target(task: Task) -> None:
+        ran.append((task.pk, threading.current_thread().name))
+        if task.pk == 1:
+            pool.rest(60)
+
+    class Freed(threading.Event):
+        def set(self) -> None:
+            seen_at_free.append((pool.busy, pool.resting))
+            super().set()
+
+    pool = ThreadPool(1, target, Freed())
+    pool.submit(Task(pk=1, name="refused"))
+    wait_until(lambda: pool.resting == 1, what="the thread to rest")
+    assert seen_at_free[0] == (0, 1)  # free and resting at the same time, never free alone
+    pool.submit(Task(pk=2, name="waits"))
+    assert [pk for pk, _ in ran] == [1]  # taken by no thread while the only one rests
+    pool.shutdown()  # ends the rest; the thread runs what is queued, then stops
+    assert [pk for pk, _ in ran] == [1, 2]
+    assert pool.resting == 0

@@ -1,0 +1,117 @@
+"""A pool thread's connection to the task database is got before the handler starts
+(``django_pgtasks/worker/connecting.py``): a refusal then gives the task back unstarted; a
+refusal once the handler runs is the run's interruption, as a lost connection is.
+
+The worker runs in the test process and reaches PostgreSQL through a proxy
+(``tests/proxy.py``) that the test makes refuse new connections, the ones it holds going on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection, connections
+
+from django_pgtasks import pgtask
+from django_pgtasks.base.registry import TaskContext
+from django_pgtasks.models import Task
+from django_pgtasks.worker.loop import Worker
+from tests.helpers import wait_until
+from tests.proxy import FlakyProxy
+from tests.testapp import tasks
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: Set by the handler below once it has written through its first connection; the test then
+#: refuses connections and sets GO.
+STARTED = threading.Event()
+GO = threading.Event()
+
+
+@pgtask(name="tests.thread_connections.reconnects", context=True, max_attempts=1)
+def reconnects(ctx: TaskContext) -> None:
+    """Writes, closes its connection, then needs a new one: the handler's own connection."""
+    Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
+    connection.close()
+    STARTED.set()
+    GO.wait(30)
+    Execution.objects.count()
+
+
+@contextlib.contextmanager
+def through_proxy() -> Iterator[FlakyProxy]:
+    """New connections to the test database (every thread's) go through a proxy."""
+    settings = connections["default"].settings_dict
+    host, port = settings["HOST"], settings["PORT"]
+    proxy = FlakyProxy((host or "127.0.0.1", int(port or 5432)))
+    settings.update(HOST="127.0.0.1", PORT=str(proxy.port))
+    try:
+        yield proxy
+    finally:
+        settings.update(HOST=host, PORT=port)
+        proxy.close()
+        connection.close()
+
+
+@contextlib.contextmanager
+def running(worker: Worker) -> Iterator[Worker]:
+    thread = threading.Thread(target=lambda: (worker.run(install_signals=False),
+                                              connections.close_all()))
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(60)
+        assert not thread.is_alive()
+
+
+def test_a_thread_refused_a_connection_gives_its_task_back_unstarted(caplog) -> None:
+    caplog.set_level(logging.INFO, "django_pgtasks.worker")
+    with through_proxy() as proxy, running(Worker(concurrency=2, poll_interval=0.05)) as worker:
+        # The loop's connection is open once it has run a task (a claim, an outcome).
+        warm = Task.objects.enqueue(tasks.noop)
+        wait_until(lambda: Task.objects.get(pk=warm.pk).status == "SUCCESSFUL")
+        proxy.refuse(600)
+        task = Task.objects.enqueue(tasks.log_execution)
+        # Both threads have been refused (each rests) and the task is back, unspent.
+        wait_until(lambda: worker.thread_connections.refused >= 2 and worker._pool.resting
+                   and Task.objects.get(pk=task.pk).status == "READY",
+                   what="the task given back by refused threads")
+        row = Task.objects.get(pk=task.pk)
+        assert (row.attempt, row.interruptions, row.error_text) == (0, 0, "")
+        assert not Execution.objects.filter(task_id=task.pk).exists()  # never started
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING
+                    and "refused a connection to a pool thread" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert "lower --concurrency, raise the server's max_connections" in (
+            warnings[0].getMessage())
+        proxy.refuse(0)
+        wait_until(lambda: Task.objects.get(pk=task.pk).status == "SUCCESSFUL", timeout=60,
+                   what="the task to run once a connection can be had")
+    row = Task.objects.get(pk=task.pk)
+    assert (row.attempt, row.interruptions) == (1, 0)
+    assert Execution.objects.filter(task_id=task.pk).count() == 1
+
+
+def test_a_connection_the_handler_opens_itself_and_is_refused_interrupts_the_run() -> None:
+    """The line: once the handler has started, a refused connection is the run's
+    interruption (it spends no attempt, one interruption), not a give-back."""
+    STARTED.clear()
+    GO.clear()
+    with through_proxy() as proxy, running(Worker(concurrency=1, poll_interval=0.05)):
+        task = Task.objects.enqueue(reconnects)
+        assert STARTED.wait(60)
+        proxy.refuse(600)
+        GO.set()
+        wait_until(lambda: Task.objects.get(pk=task.pk).interruptions == 1,
+                   what="the run to be interrupted")
+    row = Task.objects.get(pk=task.pk)
+    assert row.status in ("READY", "RUNNING")  # back in the queue (maybe claimed again)
+    assert "ConnectionLost" in row.error_text, row.error_text
+    assert Execution.objects.filter(task_id=task.pk).count() == 1  # it had started
