@@ -102,6 +102,7 @@ DECLARE
     v_children bigint[];
     v_count integer;
     v_settled bigint[];
+    v_ready bigint[];
 BEGIN
     WITH picked AS (
         SELECT d.id, r.parent_status
@@ -132,7 +133,27 @@ BEGIN
         SELECT array_agg(task_id ORDER BY task_id) INTO v_settled
         FROM lowered WHERE remaining <= 0;
         IF v_settled IS NOT NULL THEN
-            PERFORM pgtasks_settle(v_settled);
+            -- The common case in one statement: children whose parents all succeeded (or
+            -- that run anyway) become READY.
+            WITH ready AS (
+                UPDATE pgtasks_task t SET status = 'READY', finished_at = NULL,
+                                          updated_at = statement_timestamp()
+                FROM pgtasks_workflow_member m
+                WHERE m.task_id = ANY (v_settled) AND t.id = m.task_id
+                  AND t.status = 'WAITING'
+                  AND (m.on_parent_failure = 'run' OR NOT EXISTS (
+                      SELECT 1 FROM pgtasks_dependency d
+                      WHERE d.child_id = m.task_id
+                        AND d.parent_status IS DISTINCT FROM 'SUCCESSFUL'))
+                RETURNING t.id
+            )
+            SELECT array_agg(id) INTO v_ready FROM ready;
+            -- The others end by their policy, each naming the parent that did not succeed.
+            v_settled := ARRAY(SELECT unnest(v_settled)
+                               EXCEPT SELECT unnest(coalesce(v_ready, '{}')));
+            IF cardinality(v_settled) > 0 THEN
+                PERFORM pgtasks_settle(v_settled);
+            END IF;
         END IF;
     END IF;
     DELETE FROM pgtasks_pending_release r

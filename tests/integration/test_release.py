@@ -31,7 +31,7 @@ from django_pgtasks.monitoring.dashboard import releases
 from django_pgtasks.worker.liveness import rescue
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.workflows import chain
-from tests.helpers import database_statement_timeout, wait_until
+from tests.helpers import database_statement_timeout, large_seq_scans, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -332,3 +332,43 @@ def test_a_rescue_refused_for_one_row_still_rescues_the_others(caplog) -> None:
     assert "rescuing them one by one" in caplog.text
     # The next pass finds nothing left running.
     assert rescue("default") == []
+
+
+# -- the release reads through indexes -------------------------------------------------------
+
+@pytest.mark.slow
+def test_every_statement_of_a_release_batch_reads_through_an_index() -> None:
+    """With 20,000 edges already resolved and 20,000 more waiting, a release batch's
+    statements (inside the database's functions, shown by auto_explain) read no large table
+    in full."""
+    def fan_out(n: int) -> Task:
+        parent = tasks.noop.build()
+        Task.objects.enqueue_linked([parent, *(tasks.noop.build() for _ in range(n))],
+                                    [[], *([[parent]] * n)])
+        return parent
+
+    done = fan_out(20_000)
+    Task.objects.filter(pk=done.pk).update(status=Status.SUCCESSFUL)
+    release_all("default")
+    waiting = fan_out(20_000)
+    Task.objects.filter(pk=waiting.pk).update(status=Status.SUCCESSFUL)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgtasks_dependency; ANALYZE pgtasks_workflow_member; "
+                       "ANALYZE pgtasks_task; ANALYZE pgtasks_pending_release")
+    plans: list[str] = []
+    raw = connection.connection
+    raw.add_notice_handler(lambda notice: plans.append(notice.message_primary))
+    with connection.cursor() as cursor:
+        cursor.execute("LOAD 'auto_explain'")
+        cursor.execute("SET auto_explain.log_min_duration = 0; "
+                       "SET auto_explain.log_nested_statements = on; "
+                       "SET client_min_messages = log")
+        try:
+            cursor.execute("SELECT pgtasks_release(ARRAY[%s]::bigint[], 1000)", [waiting.pk])
+            assert cursor.fetchone()[0] == 1000
+        finally:
+            cursor.execute("RESET client_min_messages; "
+                           "SET auto_explain.log_min_duration = -1")
+    text = "\n".join(plans)
+    assert "pgtasks_dependency" in text  # the plans were seen
+    assert large_seq_scans(text) == [], text
