@@ -20,6 +20,10 @@ from psycopg import DataError
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
+#: The first time a ``datetime`` cannot hold, as SQL: a window of ends that has no upper
+#: bound stops here, and leaves ``'infinity'`` and years after 9999 out.
+PYTHON_END_SQL = "'10000-01-01 00:00:00+00'::timestamptz"
+
 #: Loader classes made tolerant, by the loader they extend (Django's, per time zone).
 _tolerant: dict[type[Loader], type[Loader]] = {}
 

@@ -30,6 +30,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from django_pgtasks.base.routing import queues_on
+from django_pgtasks.base.timestamps import PYTHON_END_SQL
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.transitions import LOST_WORKER_SQL, lost_worker_params
 from django_pgtasks.models import Task
@@ -74,17 +75,17 @@ MAX_WORKFLOW_CALLBACKS = 10
 # -- the pieces ------------------------------------------------------------------------------
 
 
-# Per queue, tasks that ended since %s (the window start), by final state. Windows end now:
-# an end time in the future (only raw SQL writes one; 'infinity' among them) is no end in the
-# window, and its hour could not be read into Python.
-QUEUE_FINISHED_SQL = """
+# Per queue, tasks that ended since %s (the window start), by final state. An end that
+# Python cannot hold ('infinity', after 9999: only raw SQL writes one) is left out: its hour
+# could not be read.
+QUEUE_FINISHED_SQL = f"""
     SELECT queue,
            count(*) FILTER (WHERE status = 'SUCCESSFUL'),
            count(*) FILTER (WHERE status = 'FAILED'),
            count(*) FILTER (WHERE status = 'CANCELLED')
     FROM pgtasks_task
     WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') AND finished_at >= %s
-      AND finished_at <= now()
+      AND finished_at < {PYTHON_END_SQL}
     GROUP BY queue
 """
 
@@ -121,7 +122,7 @@ FINISHED_WINDOW_SQL = f"""
                finished_at
         FROM pgtasks_task
         WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') AND finished_at >= %(since)s
-          AND finished_at <= now()
+          AND finished_at < {PYTHON_END_SQL}
     ) AS ended
     GROUP BY GROUPING SETS ((hour, name, queue, status, last_hour), (hour, error_group))
 """
