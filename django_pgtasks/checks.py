@@ -152,7 +152,8 @@ def _release_warnings(alias: str) -> list[Warning]:
 
 def _history_warnings(alias: str) -> list[Warning]:
     """The history partitions of ``alias`` are made ahead (W071) and no finished task landed
-    past them (W070); see django_pgtasks.patterns.partitions."""
+    past them (W070: the maintenance moves it; W072: it ended further in the future than the
+    maintenance makes periods); see django_pgtasks.patterns.partitions."""
     from django_pgtasks.patterns.partitions import health
 
     report = health(alias)
@@ -165,6 +166,20 @@ def _history_warnings(alias: str) -> list[Warning]:
             obj="PGTASKS", id="django_pgtasks.W070",
             hint="Run a worker (run_pgtasks): its maintenance makes the periods and moves "
                  "these rows into them.",
+        ))
+    if report.beyond_reach:
+        # Not for the maintenance to fix: it makes periods HISTORY_PREMAKE ahead, not up to
+        # any time a row claims, and it does not rewrite an end it did not record.
+        warnings.append(Warning(
+            f"{report.beyond_reach} finished task(s) in {alias!r} ended further in the future "
+            f"than the history periods are made (the latest at {report.latest_beyond}; "
+            f"{', '.join(report.tables_beyond)}): the maintenance makes periods only "
+            f"PGTASKS['HISTORY_PREMAKE'] periods ahead, so they stay in the catch partition, "
+            f"and out of the purge's reach, until their periods are made ('infinity': never).",
+            obj="PGTASKS", id="django_pgtasks.W072",
+            hint="Only raw SQL or a wrong clock writes such an end. Set finished_at of these "
+                 "tasks to when they really ended (an UPDATE moves each row into its period), "
+                 "or delete them; or raise PGTASKS['HISTORY_PREMAKE'] beyond their ends.",
         ))
     if report.short:
         warnings.append(Warning(

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qsl
 
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.http import Http404, HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import SimpleTemplateResponse
+from django.urls import URLPattern, URLResolver
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
 from django_pgtasks.base import routing
+from django_pgtasks.base.timestamps import tolerant_timestamps
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.models import (
     Task,
@@ -75,3 +81,31 @@ def _checked_param(value: str, max_length: int) -> str:
 
 def _max_length(field_name: str) -> int:
     return Task._meta.get_field(field_name).max_length
+
+
+class TolerantTimestampsMixin:
+    """Pages of a model admin that show task rows: a time that PostgreSQL holds and Python
+    cannot (``infinity``, a year before 1 or after 9999, written by raw SQL) is shown as
+    such (:class:`~django_pgtasks.base.timestamps.OutOfRange`) instead of failing the page.
+
+    Every view of the admin (its own and those of its mixins) runs with
+    :func:`~django_pgtasks.base.timestamps.tolerant_timestamps` on the task databases, and
+    its template is rendered inside, where the rows are read.
+    """
+
+    def get_urls(self) -> list[URLPattern | URLResolver]:
+        urls = super().get_urls()  # type: ignore[misc]
+        return [URLPattern(url.pattern, _tolerant_view(url.callback), url.default_args,
+                           url.name) if isinstance(url, URLPattern) else url for url in urls]
+
+
+def _tolerant_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    @functools.wraps(view)
+    def tolerant(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        with tolerant_timestamps(routing.queue_databases()):
+            response = view(request, *args, **kwargs)
+            if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+                response.render()
+        return response
+
+    return tolerant

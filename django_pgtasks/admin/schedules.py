@@ -3,19 +3,24 @@ in code read-only, those made here editable."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin
 from django.contrib.admin.templatetags.admin_urls import admin_urlname
+from django.core.exceptions import ValidationError
 from django.db.models import Case, OuterRef, Subquery, Value, When
+from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
+from django_pgtasks.base.payload import MAX_INT_DIGITS
+from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.models import (
     ArchivedTask,
     Schedule,
@@ -23,6 +28,47 @@ from django_pgtasks.models import (
     Task,
 )
 from django_pgtasks.scheduling import runtime
+
+
+class ArgumentsField(forms.JSONField):
+    """The JSON of a schedule's arguments, as typed in the admin.
+
+    Django's field lets through what Python's ``json`` raises besides a syntax error (too
+    deep a nesting, an integer of more than :data:`MAX_INT_DIGITS` digits): here each is a
+    form error. A value with a lone surrogate (``"\\ud800"``, which JSON allows and
+    :func:`runtime.validate` refuses) is shown again as it was typed, escaped, since the page
+    cannot be encoded with it.
+    """
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise ValidationError(
+                _("This JSON is nested too deeply to be read; arguments may be nested "
+                  "%(depth)s levels at most.") % {"depth": pgtasks_settings.MAX_PAYLOAD_DEPTH},
+                code="invalid") from None
+        except ValueError:  # not a syntax error (Django's field reports those)
+            raise ValidationError(
+                _("This JSON has an integer of more than %(digits)s digits, which JSON cannot "
+                  "carry back to Python; write it as a string.") % {"digits": MAX_INT_DIGITS},
+                code="invalid") from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except (RecursionError, ValueError):
+            return InvalidJSONInput(data)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, InvalidJSONInput):
+            return value
+        text = super().prepare_value(value)
+        try:
+            text.encode()
+        except UnicodeEncodeError:  # a lone surrogate: written as its JSON escape
+            return json.dumps(value, cls=self.encoder)
+        return text
 
 
 class ScheduleForm(forms.ModelForm):
@@ -37,6 +83,7 @@ class ScheduleForm(forms.ModelForm):
             "task_name": _("The registered name of a @pgtask handler."),
             "timezone": _("Where a cron expression is read, e.g. Europe/Paris."),
         }
+        field_classes = {"args": ArgumentsField, "kwargs": ArgumentsField}
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()

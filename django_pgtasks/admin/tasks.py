@@ -25,6 +25,7 @@ from django_pgtasks.admin.changelist import BoundedCountPaginator, TaskChangeLis
 from django_pgtasks.admin.common import (
     _REFUSED,
     _TASK_ID_RE,
+    TolerantTimestampsMixin,
     _with_database,
     selected_database,
 )
@@ -47,7 +48,8 @@ from django_pgtasks.models.status import UNSTARTED
 
 
 @admin.register(Task)
-class TaskAdmin(TaskActionsMixin, DashboardMixin, WorkflowFieldsMixin, admin.ModelAdmin):
+class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, WorkflowFieldsMixin,
+                admin.ModelAdmin):
     # What tells tasks apart comes first, so that the error stays in view on a laptop's
     # screen; the worker holding a task is on its page (and the dashboard lists the stuck).
     list_display = (

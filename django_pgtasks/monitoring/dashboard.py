@@ -30,6 +30,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from django_pgtasks.base.routing import queues_on
+from django_pgtasks.base.timestamps import PYTHON_END_SQL
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.transitions import LOST_WORKER_SQL, lost_worker_params
 from django_pgtasks.models import Task
@@ -76,27 +77,33 @@ MAX_WORKFLOW_CALLBACKS = 10
 # -- the pieces ------------------------------------------------------------------------------
 
 
-# Per queue, tasks that ended since %s (the window start), by final state.
-QUEUE_FINISHED_SQL = """
+# Per queue, tasks that ended since %s (the window start), by final state. An end that
+# Python cannot hold ('infinity', after 9999: only raw SQL writes one) is left out: its hour
+# could not be read.
+QUEUE_FINISHED_SQL = f"""
     SELECT queue,
            count(*) FILTER (WHERE status = 'SUCCESSFUL'),
            count(*) FILTER (WHERE status = 'FAILED'),
            count(*) FILTER (WHERE status = 'CANCELLED')
     FROM pgtasks_task
     WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') AND finished_at >= %s
+      AND finished_at < {PYTHON_END_SQL}
     GROUP BY queue
 """
 
 # Per queue, name and state, the waiting tasks (claim index; due or not, and the oldest due
 # one's age) and the running ones (running index; the longest one's age): queue sizes and
-# counts per name from one pass over the live tasks.
+# counts per name from one pass over the live tasks. An infinite time (written by raw SQL)
+# has no age: PostgreSQL 15 refuses to subtract it.
 LIVE_SQL = """
     SELECT queue, name, status, run_after <= now(), count(*),
-           extract(epoch FROM now() - min(run_after))::float8
+           CASE WHEN isfinite(min(run_after))
+                THEN extract(epoch FROM now() - min(run_after))::float8 END
     FROM pgtasks_task WHERE status IN ('READY', 'AWAITING_RETRY') GROUP BY 1, 2, 3, 4
     UNION ALL
     SELECT queue, name, status, true, count(*),
-           extract(epoch FROM now() - min(locked_at))::float8
+           CASE WHEN isfinite(min(locked_at))
+                THEN extract(epoch FROM now() - min(locked_at))::float8 END
     FROM pgtasks_task WHERE status = 'RUNNING' GROUP BY 1, 2, 3
     UNION ALL
     SELECT queue, name, status, false, count(*), NULL::float8
@@ -117,6 +124,7 @@ FINISHED_WINDOW_SQL = f"""
                finished_at
         FROM pgtasks_task
         WHERE status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') AND finished_at >= %(since)s
+          AND finished_at < {PYTHON_END_SQL}
     ) AS ended
     GROUP BY GROUPING SETS ((hour, name, queue, status, last_hour), (hour, error_group))
 """
@@ -321,12 +329,12 @@ def _read_live(using: str) -> _Live:
             names[name][status] = names[name].get(status, 0) + n
             if status == "RUNNING":
                 row[2] += n
-                row[4] = age if row[4] is None else max(row[4], age)
+                row[4] = age if row[4] is None else max(row[4], age or 0)
             elif status == "WAITING":
                 row[5] += n
             elif due:
                 row[0] += n
-                row[3] = age if row[3] is None else max(row[3], age)
+                row[3] = age if row[3] is None else max(row[3], age or 0)
             else:
                 row[1] += n
     return _Live(queues, names)
@@ -406,7 +414,10 @@ def stuck_tasks(using: str) -> tuple[list[StuckTask], int]:
     count = len(rows) if len(rows) < MAX_STUCK else stuck.count()
     now = db_now(using) if rows else None
     return [StuckTask(pk, name, queue, worker, attempt, max_attempts,
-                      (now - locked_at).total_seconds() if locked_at and now else None)
+                      # Not a datetime: a time out of Python's range, read by the admin
+                      # as such (django_pgtasks.base.timestamps); it has no age.
+                      (now - locked_at).total_seconds()
+                      if isinstance(locked_at, datetime) and now else None)
             for pk, name, queue, worker, attempt, max_attempts, locked_at in rows], count
 
 

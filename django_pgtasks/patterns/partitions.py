@@ -9,7 +9,10 @@ task's end can never fail for want of one:
 - ``<table>_before`` (from MINVALUE): rows older than the first period, such as the history
   an upgrade brought along; purged by the batched purge (:mod:`.retention`);
 - ``<table>_after`` (to MAXVALUE): ends later than the last period made. It stays empty while
-  the periods are made ahead; a check reports rows in it (``W070``).
+  the periods are made ahead; a check reports rows in it: ``W070`` for those the next turn
+  moves into their periods, ``W072`` for those that ended further in the future than the
+  periods are made (only raw SQL or a wrong clock writes such an end; ``'infinity'`` too),
+  which stay there until the operator corrects their end.
 
 What the workers' maintenance does (:func:`maintain`, every ``PARTITION_INTERVAL`` seconds,
 one worker at a time under an advisory lock):
@@ -37,7 +40,7 @@ called inside one (tests), the same steps use a plain ``DETACH``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import DatabaseError, connections, transaction
@@ -307,8 +310,16 @@ def drop_expired(alias: str, table: str, seconds: float | None,
 
 # -- health ---------------------------------------------------------------------------------
 
-# Rows in the catch partition past the periods, per history table.
-PAST_PERIODS_SQL = "SELECT count(*) FROM {name}"
+# Rows in the catch partition past the periods, per history table: all of them, those the
+# next maintenance turn moves (ended before the end of the periods it makes, now plus
+# HISTORY_PREMAKE periods), and the latest end among the others, as text ('infinity' too).
+PAST_PERIODS_SQL = """
+    SELECT count(*), count(*) FILTER (WHERE finished_at < %(reach)s),
+           max(finished_at)::text
+    FROM {name}
+"""
+# The later of two such ends, compared as times and written as text again.
+LATER_SQL = "SELECT greatest(%s::timestamptz, %s::timestamptz)::text"
 # Whether the periods reach at least one period past now.
 REACH_SQL = "SELECT %s::timestamptz < now() + ('1 ' || %s)::interval"
 
@@ -317,27 +328,45 @@ REACH_SQL = "SELECT %s::timestamptz < now() + ('1 ' || %s)::interval"
 class Health:
     """What the system check reports about the history partitions of a database."""
 
-    #: Finished tasks in the ``_after`` partitions (ended past the periods made).
+    #: Finished tasks in the ``_after`` partitions (ended past the periods made) that the
+    #: next maintenance turn moves into their periods.
     past_periods: int
     tables_past: list[str]
     #: The end of the last period made (the earliest of both tables).
     reach: datetime | None
     #: The periods reach less than one period past now.
     short: bool
+    #: Finished tasks in the ``_after`` partitions that ended further in the future than the
+    #: maintenance makes periods (``HISTORY_PREMAKE``): they stay there until it does.
+    beyond_reach: int = 0
+    tables_beyond: list[str] = field(default_factory=list)
+    #: The latest end among them, as PostgreSQL writes it (``'infinity'`` included).
+    latest_beyond: str | None = None
 
 
 def health(alias: str) -> Health:
     past, tables, reach = 0, [], None
+    beyond, tables_beyond, latest = 0, [], None
     with connections[alias].cursor() as cursor:
+        cursor.execute(TARGET_SQL, [int(pgtasks_settings.HISTORY_PREMAKE), period()])
+        target = cursor.fetchone()[0]
         for table in HISTORY_TABLES:
             parts = partitions(alias, table)
             after = next((p for p in parts if p.end is None), None)
             if after is not None:
-                cursor.execute(PAST_PERIODS_SQL.format(name=_q(after.name)))
-                count = cursor.fetchone()[0]
-                if count:
-                    past += count
+                cursor.execute(PAST_PERIODS_SQL.format(name=_q(after.name)),
+                               {"reach": target})
+                count, movable, last = cursor.fetchone()
+                if movable:
+                    past += movable
                     tables.append(after.name)
+                if count > movable:
+                    beyond += count - movable
+                    tables_beyond.append(after.name)
+                    if latest is not None:
+                        cursor.execute(LATER_SQL, [latest, last])
+                        last = cursor.fetchone()[0]
+                    latest = last
             end = max((p.end for p in parts if p.is_period), default=None)
             if end is not None and (reach is None or end < reach):
                 reach = end
@@ -345,7 +374,8 @@ def health(alias: str) -> Health:
         if reach is not None:
             cursor.execute(REACH_SQL, [reach, period()])
             short = bool(cursor.fetchone()[0])
-    return Health(past, tables, reach, short)
+    return Health(past, tables, reach, short, beyond, tables_beyond, latest)
+
 
 
 # -- the maintenance turn ------------------------------------------------------------------

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 from django.core.exceptions import ImproperlyConfigured
 
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.exceptions import InvalidTaskError
+from django_pgtasks.exceptions import HandlerImportError, InvalidTaskError
 
 if TYPE_CHECKING:
     from django_pgtasks.models import Task
@@ -165,7 +165,8 @@ def _from_entry(name: Any, entry: Any, default_tz: str) -> Declaration:
         raise _EntryError("E030", f"{where}['enabled'] must be True or False.")
     try:
         get_handler(task)
-    except InvalidTaskError as exc:
+    except (InvalidTaskError, HandlerImportError) as exc:  # the latter: a module of an
+        # installed app that does not exist or raises while being imported
         raise _EntryError("E031", f"{where}: {exc}",
                           hint="Use the registered name of a @pgtask handler.") from None
     return Declaration(name=name, task=task, when=when, timezone=timezone, args=tuple(args),

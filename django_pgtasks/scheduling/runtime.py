@@ -12,13 +12,27 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import connections, transaction
 
-from django_pgtasks.base.schedules import MAX_NAME_LENGTH, RESERVED_KWARGS, parse_spec, zone
+from django_pgtasks.base.payload import serialize_payload
+from django_pgtasks.base.schedules import (
+    MAX_NAME_LENGTH,
+    RESERVED_KWARGS,
+    When,
+    parse_spec,
+    zone,
+)
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.exceptions import InvalidTaskError, UnknownQueueError, UnknownTaskError
+from django_pgtasks.exceptions import (
+    HandlerImportError,
+    InvalidPayloadError,
+    InvalidTaskError,
+    UnknownQueueError,
+    UnknownTaskError,
+)
 from django_pgtasks.models import Schedule
 from django_pgtasks.scheduling.declarations import Declaration, declared_names
 
@@ -48,22 +62,28 @@ def validate(schedule: Schedule) -> Declaration:
     if not schedule.name or len(schedule.name) > MAX_NAME_LENGTH:
         errors.setdefault("name", []).append(
             f"A schedule's name has 1 to {MAX_NAME_LENGTH} characters.")
-    when = None
+    when = tz = None
     try:
         when = parse_spec(schedule.spec)
     except ImproperlyConfigured as exc:
         errors.setdefault("spec", []).append(str(exc))
     try:
-        zone(schedule.timezone)
+        tz = zone(schedule.timezone)
     except ImproperlyConfigured as exc:
         errors.setdefault("timezone", []).append(str(exc))
+    if when is not None and tz is not None and (problem := _out_of_range(when, tz)):
+        errors.setdefault("spec", []).append(problem)
     if not isinstance(schedule.args, list):
         errors.setdefault("args", []).append("The positional arguments are a JSON array.")
+    elif problem := _payload_problem(schedule.args, {}):
+        errors.setdefault("args", []).append(problem)
     if not isinstance(schedule.kwargs, dict):
         errors.setdefault("kwargs", []).append("The keyword arguments are a JSON object.")
     elif reserved := sorted(RESERVED_KWARGS & set(schedule.kwargs)):
         errors.setdefault("kwargs", []).append(
             f"Reserved name(s): {', '.join(reserved)}; use the schedule's own fields.")
+    elif problem := _payload_problem([], schedule.kwargs):
+        errors.setdefault("kwargs", []).append(problem)
     if errors or when is None:
         raise ValidationError(errors)
     declaration = Declaration(
@@ -74,7 +94,9 @@ def validate(schedule: Schedule) -> Declaration:
         # The run as the scheduler will build it: a registered task, arguments that fit its
         # signature and are plain JSON, a configured queue, a priority in range.
         task = declaration.build(datetime.now(UTC))
-    except UnknownTaskError as exc:
+    except (UnknownTaskError, HandlerImportError) as exc:
+        # HandlerImportError: a name inside an installed app whose module does not exist, or
+        # raises while being imported; for this form, a name that names no task either.
         raise ValidationError({"task_name": [str(exc)]}) from None
     except UnknownQueueError as exc:
         raise ValidationError({"queue": [str(exc)]}) from None
@@ -89,6 +111,32 @@ def validate(schedule: Schedule) -> Declaration:
             f"The queue {task.queue!r} is on database {database_for_queue(task.queue)!r}; "
             f"schedules made in the admin live in {alias!r} with their runs."]})
     return declaration
+
+
+def _payload_problem(args: list[Any], kwargs: dict[str, Any]) -> str | None:
+    """Why PostgreSQL could not store these arguments unchanged (a NUL character, a lone
+    surrogate, too deep, too large...; see :mod:`django_pgtasks.base.payload`), or ``None``.
+    Checked apart for each field, so that the form shows the error on the right one."""
+    try:
+        serialize_payload(args, kwargs)
+    except InvalidPayloadError as exc:
+        return str(exc)
+    return None
+
+
+def _out_of_range(when: When, tz: ZoneInfo) -> str | None:
+    """Why the runs of ``when`` would fall outside the times Python and the scheduler can
+    hold (a period of thousands of years), or ``None``. Nothing would fail on saving, but
+    every scheduler pass would, on advancing the plan past year 9999."""
+    now = datetime.now(UTC)
+    try:
+        first = when.first(now, tz)
+        if first is not None:
+            when.next_after(first, tz)
+    except OverflowError:
+        return (f"The schedule {when.spec!r} plans its next run after the year 9999; "
+                f"choose a shorter period.")
+    return None
 
 
 def save(schedule: Schedule) -> None:

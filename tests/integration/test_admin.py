@@ -547,3 +547,52 @@ def test_view_only_user_gets_a_read_only_detail_page(viewer_client: Client) -> N
 
     assert viewer_client.post(change_url(task), {"priority": "180"}).status_code == 403
     assert Task.objects.get(pk=task.pk).priority == 100
+
+
+# -- times PostgreSQL holds and Python cannot -----------------------------------------------
+
+
+@pytest.mark.parametrize(("column", "value", "shown"), [
+    ("finished_at", "infinity", "infinity (out of range)"),
+    ("finished_at", "-infinity", "-infinity (out of range)"),
+    ("finished_at", "4000-01-01 00:00:00+00 BC", "4000-01-01 00:00:00+00 BC (out of range)"),
+    ("finished_at", "10000-01-01 00:00:00+00", "10000-01-01 00:00:00+00 (out of range)"),
+    ("started_at", "infinity", "infinity (out of range)"),
+    ("created_at", "-infinity", "-infinity (out of range)"),
+    ("locked_at", "-infinity", "-infinity (out of range)"),
+    ("updated_at", "infinity", "infinity (out of range)"),
+])
+def test_a_time_out_of_pythons_range_is_shown_not_a_500(
+        admin_client: Client, column: str, value: str, shown: str) -> None:
+    task = make_task(tasks.noop)
+    with connection.cursor() as cursor:  # as raw SQL would write it
+        ended = "" if column == "finished_at" else "finished_at = now(), "
+        cursor.execute(f"UPDATE pgtasks_task SET status = 'SUCCESSFUL', {ended}"
+                       f"{column} = %s WHERE id = %s", [value, task.pk])
+    response = admin_client.get(CHANGELIST)
+    assert response.status_code == 200
+    assert listed(response) == {task.pk}
+    if column == "finished_at":  # a column of the list
+        assert escape(shown) in response.content.decode()
+    response = admin_client.get(change_url(task))
+    assert response.status_code == 200
+    assert escape(shown) in response.content.decode()
+    response = admin_client.get(reverse("admin:django_pgtasks_task_dashboard"))
+    assert response.status_code == 200
+    # Outside the admin's pages, code that computes with times still gets the error.
+    with pytest.raises(Exception, match=r"timestamp too (large|small)"):
+        Task.objects.get(pk=task.pk)
+
+
+def test_the_dashboard_reads_live_tasks_with_infinite_times(admin_client: Client) -> None:
+    waiting, running = make_task(tasks.noop), make_task(tasks.noop)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgtasks_task SET run_after = '-infinity' WHERE id = %s",
+                       [waiting.pk])
+        cursor.execute("UPDATE pgtasks_task SET status = 'RUNNING', locked_by = 'w', "
+                       "locked_at = '-infinity' WHERE id = %s", [running.pk])
+    response = admin_client.get(reverse("admin:django_pgtasks_task_dashboard"))
+    assert response.status_code == 200
+    response = admin_client.get(CHANGELIST)
+    assert response.status_code == 200
+    assert escape("-infinity (out of range)") in response.content.decode()

@@ -184,12 +184,46 @@ def test_a_task_that_ends_past_the_periods_is_kept_and_moved_into_its_period(set
     far = db_now() + 10 * DAY
     [task] = finished(Status.SUCCESSFUL, far)
     assert where(task.pk) == f"{DONE_TABLE}_after"
+    # Further ahead than the maintenance makes periods (HISTORY_PREMAKE 3 days): W072.
+    warnings = _history_warnings("default")
+    assert [w.id for w in warnings] == ["django_pgtasks.W072"]
+    assert "1 finished task(s)" in warnings[0].msg
+    assert "raise PGTASKS['HISTORY_PREMAKE']" in warnings[0].hint
+    settings.PGTASKS = {**settings.PGTASKS, "HISTORY_PREMAKE": 12}
+    # Within its reach now: W070, whose hint (run a worker) the next turn makes true.
     warnings = _history_warnings("default")
     assert [w.id for w in warnings] == ["django_pgtasks.W070"]
-    assert "1 finished task(s)" in warnings[0].msg
-    settings.PGTASKS = {**settings.PGTASKS, "HISTORY_PREMAKE": 12}
+    assert "moves these rows" in warnings[0].hint
     assert partitions.maintain("default")
     assert where(task.pk) == f"{DONE_TABLE}_p{far:%Y%m%d}"
+    assert not _history_warnings("default")
+
+
+def test_ends_far_in_the_future_stay_until_corrected_as_w072_says() -> None:
+    # Written by raw SQL: a year ahead, in 9999, 'infinity'; no maintenance turn moves them.
+    year, last_year, infinite = finished(Status.SUCCESSFUL, db_now(), count=3)
+    [failed_task] = finished(Status.FAILED, db_now())
+    with connection.cursor() as cursor:
+        for task, end in ((year, "now() + interval '1 year'"),
+                          (last_year, "'9999-06-01 00:00:00+00'"),
+                          (infinite, "'infinity'"), (failed_task, "'9999-12-31 00:00:00+00'")):
+            cursor.execute(f"UPDATE pgtasks_task SET finished_at = {end} WHERE id = %s",
+                           [task.pk])
+    assert {where(t.pk) for t in (year, last_year, infinite)} == {f"{DONE_TABLE}_after"}
+    assert where(failed_task.pk) == f"{FAILED_TABLE}_after"
+    assert partitions.maintain("default")
+    assert where(year.pk) == f"{DONE_TABLE}_after"
+    [warning] = _history_warnings("default")
+    assert warning.id == "django_pgtasks.W072"
+    assert warning.msg.startswith("4 finished task(s) in 'default' ended further in the future")
+    assert "the latest at infinity" in warning.msg
+    assert f"{DONE_TABLE}_after, {FAILED_TABLE}_after" in warning.msg
+    # What the hint says to do: an UPDATE of the end moves each row into its period.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgtasks_task SET finished_at = now() WHERE id = ANY(%s)",
+                       [[year.pk, last_year.pk, infinite.pk, failed_task.pk]])
+    assert where(infinite.pk).startswith(f"{DONE_TABLE}_p")
+    assert where(failed_task.pk).startswith(f"{FAILED_TABLE}_p")
     assert not _history_warnings("default")
 
 

@@ -78,11 +78,37 @@ def test_a_schedule_made_in_the_admin_runs_what_it_says(admin_client: Client) ->
     ({"args": '["eu", "more", "than", "fits"]'}, None, "the arguments do not match"),
     ({"args": '{"a": 1}'}, "args", "JSON array"),
     ({"kwargs": '{"queue": "x"}'}, "kwargs", "Reserved name(s): queue"),
-    ({"args": '["\\u0000"]'}, None, "NUL"),
+    ({"args": '["\\u0000"]'}, "args", "NUL"),
     ({"queue": "nowhere"}, "queue", "nowhere"),
     ({"priority": "999"}, "priority", "Priority must be an integer from"),
     ({"priority": "99999999"}, "priority", ""),
     ({"name": ""}, "name", ""),
+    # A name in an installed app whose module does not exist: HandlerImportError.
+    ({"task_name": "tests.testapp.nosuchmodule.run"}, "task_name",
+     "The module 'tests.testapp.nosuchmodule' of the task"),
+    # An attribute of a module that is not a task (nor a module): HandlerImportError too.
+    ({"task_name": "tests.testapp.models.Execution.objects"}, "task_name",
+     "The module 'tests.testapp.models.Execution' of the task"),
+    ({"task_name": "tests.testapp.periodic.Execution"}, "task_name",
+     "No task handler is registered under the name 'tests.testapp.periodic.Execution'"),
+    # What Python's json reads but PostgreSQL or the page cannot take, on its own field.
+    ({"args": '["\\ud800"]'}, "args", "args[0] contains a lone surrogate"),
+    ({"kwargs": '{"full": "\\udfff"}'}, "kwargs", "'full' contains a lone surrogate"),
+    ({"kwargs": '{"\\ud800": 1}'}, "kwargs", "Task argument name '\\ud800' contains a lone"),
+    ({"args": "[" * 2000 + "]" * 2000}, "args", "nested too deeply to be read"),
+    ({"kwargs": '{"a": ' + "[" * 40 + "]" * 40 + "}"}, "kwargs",
+     'nested more than 32 levels deep (PGTASKS["MAX_PAYLOAD_DEPTH"])'),
+    ({"args": "[" + "9" * 5000 + "]"}, "args", "an integer of more than 4300 digits"),
+    ({"args": "[NaN]"}, "args", "NaN and Infinity are not valid JSON"),
+    ({"args": "[1e400]"}, "args", "NaN and Infinity are not valid JSON"),
+    # NUL characters in text, numbers and times out of range.
+    ({"task_name": REPORT + "\x00"}, "task_name", "Null characters are not allowed"),
+    ({"spec": "every 1h\x00"}, "spec", "Null characters are not allowed"),
+    ({"timezone": "UTC\x00"}, "timezone", "Null characters are not allowed"),
+    ({"queue": "emails\x00"}, "queue", "Null characters are not allowed"),
+    ({"priority": "9" * 5000}, "priority", "Enter a whole number"),
+    ({"spec": "every 99999999999d"}, "spec", "is too long"),
+    ({"spec": "every 3000000d"}, "spec", "plans its next run after the year 9999"),
 ])
 def test_a_bad_schedule_is_a_form_error_and_nothing_is_written(
         admin_client: Client, fields: dict[str, str], field: str | None, message: str) -> None:
@@ -93,6 +119,17 @@ def test_a_bad_schedule_is_a_form_error_and_nothing_is_written(
     assert key in errors, errors
     assert message in " ".join(errors[key]), errors
     assert not Schedule.objects.exists()
+
+
+def test_refused_arguments_are_shown_again_as_typed(admin_client: Client) -> None:
+    # The page is encoded as UTF-8: a lone surrogate is shown as its JSON escape, and a text
+    # json cannot read as it was typed.
+    response = admin_client.post(ADD, form(args='["\\ud800"]',
+                                           kwargs='{"a": ' + "9" * 5000 + "}"))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert '[&quot;\\ud800&quot;]</textarea>' in page
+    assert '{&quot;a&quot;: ' + "9" * 5000 + "}</textarea>" in page
 
 
 def test_a_name_declared_in_code_is_refused(admin_client: Client, settings: Any) -> None:

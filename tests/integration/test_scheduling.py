@@ -626,6 +626,8 @@ def test_valid_schedules_pass_the_checks(configure) -> None:
 
 @pytest.mark.parametrize(("options", "expected"), [
     ({"SCHEDULE": {"x": {"task": "nowhere.missing", "schedule": 60}}}, ["E031"]),
+    # A module of an installed app that does not exist: HandlerImportError, not a crash.
+    ({"SCHEDULE": {"x": {"task": "tests.testapp.nosuchmodule.f", "schedule": 60}}}, ["E031"]),
     ({"SCHEDULE": {"x": {"task": TICK, "schedule": "0 25 * * *"}}}, ["E032"]),
     ({"SCHEDULE": {"x": {"task": TICK, "schedule": -1}}}, ["E032"]),
     ({"SCHEDULE": {"x": {"task": TICK, "schedule": 60, "timezone": "Nowhere/Else"}}},
