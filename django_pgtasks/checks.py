@@ -132,7 +132,7 @@ def check_queue_tables(
 
 
 def _release_warnings(alias: str) -> list[Warning]:
-    """Releases of workflow children that failed and wait for their next try (W072); see
+    """Releases of workflow children that failed and wait for their next try (W073); see
     django_pgtasks.lifecycle.release."""
     from django_pgtasks.monitoring.dashboard import releases
 
@@ -144,7 +144,7 @@ def _release_warnings(alias: str) -> list[Warning]:
         f"{summary.failing_count} release(s) of workflow children in {alias!r} failed and are "
         f"retried with back-off; their children wait meanwhile. The first, of task "
         f"{first.id}: {first.last_error.strip().splitlines()[0] if first.last_error else '?'}",
-        obj="PGTASKS", id="django_pgtasks.W072",
+        obj="PGTASKS", id="django_pgtasks.W073",
         hint="See the dashboard's 'Workflow releases' and the workers' log; once the cause is "
              "gone the next try releases them (no handler runs again).",
     )]

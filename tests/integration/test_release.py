@@ -128,7 +128,7 @@ def test_a_failing_release_records_the_parent_once_and_is_retried_with_back_off(
             assert Execution.objects.filter(worker="parent").count() == 1
             # Visible: the check and the dashboard name it.
             [warning] = _release_warnings("default")
-            assert warning.id == "django_pgtasks.W072"
+            assert warning.id == "django_pgtasks.W073"
             assert f"task {parent.pk}: " in warning.msg
             assert "injected release fault" in warning.msg
             summary = releases("default")
