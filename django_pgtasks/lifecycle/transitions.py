@@ -12,7 +12,7 @@ How a run can end, kept apart:
 
 - **succeeded** (:data:`SUCCEED_SQL`): the handler returned; its result is stored;
 - **failed** (:data:`FAIL_SQL`): the handler raised; the attempt is spent, and the task waits
-  for its retry (``now() + delay``) while attempts are left, else ends ``FAILED``;
+  for its retry (``statement_timestamp() + delay``) while attempts are left, else ends ``FAILED``;
 - **cancelled** (:data:`CANCEL_SQL`) and **snoozed** (:data:`SNOOZE_SQL`): the handler stopped
   on request, or asked to run again later without spending the attempt;
 - **interrupted** (:data:`INTERRUPT_SQL`, and :data:`RESCUE_SQL` for the tasks of a lost
@@ -74,7 +74,7 @@ def append_error_sql(error: str = "%s", table: str = "pgtasks_task") -> str:
     ``error`` is a placeholder or an SQL expression giving the (already bounded) text."""
     return (
         f"jsonb_path_query_array({table}.errors || jsonb_build_array(jsonb_build_object("
-        f"'attempt', {table}.attempt, 'error', ({error})::text, 'at', now())), "
+        f"'attempt', {table}.attempt, 'error', ({error})::text, 'at', statement_timestamp())), "
         f"'$[last - {ERROR_HISTORY_LENGTH - 1} to last]')"
     )
 
@@ -86,10 +86,10 @@ def _unless_rerun(status: str, attempt: str = "t.attempt", run_after: str = "t.r
     return f"""
         status = CASE WHEN t.rerun_requested THEN 'READY' ELSE {status} END,
         attempt = CASE WHEN t.rerun_requested THEN 0 ELSE {attempt} END,
-        run_after = CASE WHEN t.rerun_requested THEN now() ELSE {run_after} END,
+        run_after = CASE WHEN t.rerun_requested THEN statement_timestamp() ELSE {run_after} END,
         worker_ids = CASE WHEN t.rerun_requested THEN '[]'::jsonb ELSE {worker_ids} END,
         rerun_requested = false, finished_at = statement_timestamp(), locked_at = NULL,
-        updated_at = now()"""
+        updated_at = statement_timestamp()"""
 
 
 #: The worker ids of a task's attempts without the last one: for an attempt given back.
@@ -119,7 +119,8 @@ _CAN_RETRY = "v.delay IS NOT NULL AND t.attempt < t.max_attempts"
 FAIL_SQL = f"""
     UPDATE pgtasks_task t SET {_unless_rerun(
         f"CASE WHEN {_CAN_RETRY} THEN 'AWAITING_RETRY' ELSE 'FAILED' END",
-        run_after=f"CASE WHEN {_CAN_RETRY} THEN now() + make_interval(secs => v.delay) "
+        run_after=f"CASE WHEN {_CAN_RETRY} "
+                  f"THEN statement_timestamp() + make_interval(secs => v.delay) "
                   f"ELSE t.run_after END")},
         error_text = v.error, errors = {append_error_sql("v.error", "t")}
     FROM unnest(%b::bigint[], %b::text[], %b::bigint[], %b::text[], %b::float8[])
@@ -148,7 +149,7 @@ SNOOZE_SQL = f"""
     UPDATE pgtasks_task t SET {_unless_rerun(
         "CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'READY' END",
         attempt="greatest(t.attempt - 1, 0)",
-        run_after="now() + make_interval(secs => v.seconds)",
+        run_after="statement_timestamp() + make_interval(secs => v.seconds)",
         worker_ids=_WITHOUT_LAST_WORKER)},
         metadata = CASE WHEN jsonb_typeof(t.metadata) = 'object'
                         THEN t.metadata || jsonb_build_object(
@@ -205,7 +206,8 @@ INTERRUPT_SQL = f"""
 UNCLAIM_SQL = f"""
     UPDATE pgtasks_task t SET
         status = CASE WHEN t.attempt > 1 THEN 'AWAITING_RETRY' ELSE 'READY' END,
-        attempt = t.attempt - 1, locked_at = NULL, started_at = NULL, updated_at = now(),
+        attempt = t.attempt - 1, locked_at = NULL, started_at = NULL,
+        updated_at = statement_timestamp(),
         worker_ids = {_WITHOUT_LAST_WORKER}, rerun_requested = false
     FROM unnest(%b::bigint[], %b::text[], %b::bigint[]) AS v(id, worker, lease)
     WHERE {_LEASED}
