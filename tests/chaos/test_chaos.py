@@ -88,6 +88,10 @@ def enqueue(mode: str) -> tuple[int, set[int]]:
             for _ in range(N_SMALL // 100 // len(lifecycle.POISON)))
         return N_SMALL, {task.pk for task in poisoned}
     if mode == "workflow":
+        # The enqueue of the whole workflow is one statement per table: not what the timeout
+        # is about (the workers' sessions keep it).
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SET LOCAL statement_timeout = '10min'")
         chain(tasks.chaos_exactly_once.build(),
               group([tasks.chaos_exactly_once.build() for _ in range(N_WORKFLOW)],
                     then=tasks.wf_collect_once.build())).enqueue()
