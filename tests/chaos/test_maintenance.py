@@ -1,4 +1,5 @@
-"""Maintenance never holds up the claim: a purge waiting on a lock costs the tasks nothing.
+"""Maintenance never holds up the claim: a purge waiting on a lock costs the tasks nothing,
+and a long job holds up neither the claims nor the worker's shutdown.
 
 A read transaction left open on the history keeps a ``DETACH PARTITION … CONCURRENTLY`` of an
 expired period waiting. The worker's maintenance (its own thread and session) gives up at its
@@ -10,15 +11,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Iterator
 from datetime import datetime
 
 import psycopg
 import pytest
 from django.db import connection, connections
 
+from django_pgtasks.base import maintenance
 from django_pgtasks.base.schema import DONE_TABLE
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker.loop import Worker
+from django_pgtasks.worker.maintainer import STOP_WAIT
 from tests.helpers import DAY, first_period_start, wait_until
 from tests.testapp import tasks
 
@@ -103,3 +108,52 @@ def test_a_purge_held_up_by_an_open_transaction_never_delays_a_claim(
     assert lines[0].getMessage().startswith("Maintenance job purge gave up (canceling "
                                             "statement due to "), lines[0].getMessage()
     assert "; next turn in 0.5s." in lines[0].getMessage()
+
+
+@pytest.fixture
+def slow_job() -> Iterator[str]:
+    """A maintenance job whose turn runs a minute-long statement (a purge batch on a huge
+    table, say), registered for the test's workers."""
+    def sleep(alias: str) -> None:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(60)")
+
+    job = maintenance.Job(name="tests.slow", interval=lambda: 3600.0, run=sleep)
+    maintenance.register(job)
+    yield job.name
+    maintenance._jobs.pop(job.name, None)
+
+
+def sleeping_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                       "current_database() AND query = 'SELECT pg_sleep(60)'")
+        return cursor.fetchone()[0]
+
+
+def test_a_long_maintenance_job_delays_neither_claims_nor_the_shutdown(slow_job, caplog) -> None:
+    worker = Worker(worker_id="stops-promptly", concurrency=1)
+    thread = threading.Thread(target=lambda: (worker.run(install_signals=False),
+                                              connections.close_all()))
+    thread.start()
+    try:
+        wait_until(lambda: sleeping_backends() == 1, 30, "the slow job to run")
+        task = Task.objects.enqueue(tasks.noop)
+        wait_until(lambda: Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL, 30,
+                   "the task to succeed")
+        task.refresh_from_db()
+        assert (task.started_at - task.created_at).total_seconds() < START_WITHIN
+        with caplog.at_level(logging.DEBUG, logger="django_pgtasks.worker"):
+            stopping = time.monotonic()
+            worker.stop()
+            thread.join(30)
+            took = time.monotonic() - stopping
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    # The job had its grace (STOP_WAIT), then its statement was cancelled: cut off, not failed.
+    assert took < STOP_WAIT + 3, took
+    assert sleeping_backends() == 0
+    assert "Maintenance job tests.slow cut off by the worker's stop" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
