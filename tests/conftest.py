@@ -176,6 +176,48 @@ def _no_session_outlives_the_run(django_db_setup: None, django_db_blocker) -> It
 
 
 @pytest.fixture
+def past_period(transactional_db: None) -> Iterator[dict[str, str]]:
+    """Each history table gets periods for the two days before today, split off its
+    ``_before`` partition (as if the workers had made them then); the older one, which no
+    window of the last 24 hours reaches, is given (per table) to the test. The migration's
+    layout comes back after."""
+    from django.db import transaction
+
+    from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE
+    from django_pgtasks.patterns import partitions
+    from tests.helpers import DAY, first_period_start
+
+    made: dict[str, list[str]] = {}
+    with transaction.atomic(), connection.cursor() as cursor:
+        for table in (DONE_TABLE, FAILED_TABLE):
+            start = first_period_start(table)
+            cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {table}_before")
+            for days in (2, 1):
+                name = f"{table}_p{(start - days * DAY):%Y%m%d}"
+                cursor.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS "
+                               f"INCLUDING CONSTRAINTS INCLUDING STORAGE)")
+                cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {name} "
+                               f"FOR VALUES FROM (%s) TO (%s)",
+                               [start - days * DAY, start - (days - 1) * DAY])
+                made.setdefault(table, []).append(name)
+            cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {table}_before "
+                           f"FOR VALUES FROM (MINVALUE) TO (%s)", [start - 2 * DAY])
+    yield {table: names[0] for table, names in made.items()}
+    with transaction.atomic(), connection.cursor() as cursor:
+        for table, names in made.items():
+            attached = {p.name: p for p in partitions.partitions("default", table)}
+            for name in names:
+                if name in attached:  # a detach a test left pending is finished
+                    how = " FINALIZE" if attached[name].detach_pending else ""
+                    cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {name}{how}")
+                cursor.execute(f"DROP TABLE IF EXISTS {name}")
+            cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {table}_before")
+            cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {table}_before "
+                           f"FOR VALUES FROM (MINVALUE) TO (%s)",
+                           [first_period_start(table)])
+
+
+@pytest.fixture
 def fresh_scheduler_state() -> Iterator[None]:
     """The scheduler remembers, per process, what it wrote and what it reported; each test
     that uses it starts from nothing."""

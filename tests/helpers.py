@@ -10,15 +10,26 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 
 from django.db import connection, connections
 
 from django_pgtasks.models import PENDING, Status, Task, WorkerProcess
 from django_pgtasks.worker.loop import Worker
 
+#: One day, the default history period.
+DAY = timedelta(days=1)
+
 #: Rows above which a table read in full is a defect in a plan (a catch partition or an empty
 #: period may be read in full: the planner prefers that on a table of no rows).
 LARGE_TABLE_ROWS = 1000
+
+
+def first_period_start(table: str) -> datetime:
+    """The start of the oldest period of history table ``table``."""
+    from django_pgtasks.patterns import partitions
+
+    return min(p.start for p in partitions.partitions("default", table) if p.is_period)
 
 
 def large_seq_scans(plan: str | list, using: str = "default") -> list[str]:

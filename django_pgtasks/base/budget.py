@@ -3,21 +3,22 @@
 ``run_pgtasks --processes P --concurrency T`` runs P worker processes of T threads each (for
 every database that holds queues it serves). Each process opens, to its database:
 
-- **2 connections of its own**, for its whole life: the main loop's (claims, completions,
-  rescue passes and the other maintenance jobs), and a dedicated one for liveness (the
-  advisory lock and heartbeats) and ``LISTEN``;
+- **4 connections of its own**, for its whole life: the main loop's (claims, completions),
+  a dedicated one for liveness (the advisory lock and heartbeats) and ``LISTEN``, the
+  maintainer's (rescue, partitions, purge, scheduler: :mod:`django_pgtasks.worker.maintainer`)
+  and the releaser's (workflow children: :mod:`django_pgtasks.worker.releaser`);
 - **1 per pool thread** whose handler touches the database, or whose failure must be
   recorded; a thread keeps its connection once it has opened one, so up to T. It is opened
   before the handler starts (``worker/connecting.py``): a refusal then gives the task back
   unspent, and the thread rests.
 
-That is ``P * (2 + T)``: ``--processes 4 --concurrency 25`` needs up to 4 * 27 = 108
+That is ``P * (4 + T)``: ``--processes 4 --concurrency 25`` needs up to 4 * 29 = 116
 connections, more than PostgreSQL's default ``max_connections = 100``.
 
 With Django's connection pool (``DATABASES[alias]["OPTIONS"]["pool"]``, Django 5.1 or later,
 ``pip install "psycopg[pool]"``) a thread takes a connection from the pool for each task and
 gives it back afterwards, so the threads of one process hold at most the pool's ``max_size``
-between them: ``P * (2 + min(T, max_size))``. The process's own two are counted on top of the
+between them: ``P * (4 + min(T, max_size))``. The process's own four are counted on top of the
 pool, which keeps the figure an upper bound however they are opened. ``"pool": True`` uses
 psycopg's defaults, ``min_size = 4`` and ``max_size`` equal to ``min_size``.
 
@@ -36,8 +37,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: Connections a worker process holds besides its threads' (main loop; liveness and LISTEN).
-PROCESS_CONNECTIONS = 2
+#: Connections a worker process holds besides its threads' (main loop; liveness and LISTEN;
+#: maintenance).
+PROCESS_CONNECTIONS = 4
 #: psycopg_pool's ``min_size`` default, which is also its ``max_size`` when none is given.
 DEFAULT_POOL_SIZE = 4
 

@@ -1,4 +1,5 @@
-"""Periodic jobs that run inside the workers, between claims.
+"""Periodic jobs that run inside the workers, on their maintainer thread (never on the claim
+path: :mod:`django_pgtasks.worker.maintainer`).
 
 Rescue of abandoned tasks is one; the scheduler of periodic tasks and the purge of old tasks
 register theirs the same way. Each job decides how often it runs (read from settings at each
@@ -23,8 +24,10 @@ class Job:
     name: str
     #: Seconds between two runs in one worker; ``None`` or ``0`` disables the job.
     interval: Callable[[], float | None]
-    #: Does one turn of the work against the given database alias. Database errors are
-    #: caught, logged and retried at the next turn by the worker.
+    #: Does one turn of the work against the given database alias, on the maintainer's
+    #: thread and connection (``connections[alias]`` there). Database errors are caught,
+    #: logged and retried at the next turn by the worker; a lock the job cannot get soon is
+    #: better given up (the maintainer's ``lock_timeout``) than waited for.
     run: Callable[[str], object]
 
 

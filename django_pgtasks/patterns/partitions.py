@@ -63,11 +63,12 @@ PERIODS = ("hour", "day", "week", "month")
 #: How a period's table is named after its start (UTC).
 NAME_FORMATS = {"hour": "YYYYMMDDHH24", "day": "YYYYMMDD", "week": "YYYYMMDD",
                 "month": "YYYYMMDD"}
-#: Longest wait of a DETACH … CONCURRENTLY for the transactions that use the table; past it
-#: the detach stays pending and the next turn finishes it.
-DETACH_TIMEOUT_MS = 30_000
-#: A plain DETACH (inside a transaction, or when ``_after`` may receive rows) waits at most
-#: this long for its lock, so that writers queue behind it no longer than that.
+#: Longest wait of a DETACH … CONCURRENTLY (or its FINALIZE) for the transactions that use
+#: the table, such as a report left open; past it the detach stays pending and the next turn
+#: finishes it. Its wait blocks no reader or writer, but holds up the worker's other jobs.
+DETACH_TIMEOUT_MS = 1_000
+#: Every other DETACH, ATTACH or DROP of partition work waits at most this long for its lock,
+#: so that readers and writers queue behind it no longer than that; the next turn tries again.
 LOCK_TIMEOUT_MS = 200
 
 # -- reading the partitions ------------------------------------------------------------------
@@ -170,30 +171,57 @@ def _literal(at: datetime) -> str:
     return f"'{at.isoformat()}'::timestamptz"
 
 
+# The session's lock and statement timeouts, saved and set around a bounded statement.
+SAVE_TIMEOUTS_SQL = ("SELECT current_setting('lock_timeout'), "
+                     "current_setting('statement_timeout')")
+SET_TIMEOUTS_SQL = ("SELECT set_config('lock_timeout', %s, false), "
+                    "set_config('statement_timeout', %s, false)")
+
+
 def _execute(alias: str, sql: str, params: list | None = None) -> None:
     with connections[alias].cursor() as cursor:
         for statement in (s for s in sql.split(";\n") if s.strip()):
             cursor.execute(statement, params)
 
 
+def _bounded(alias: str, sql: str, timeout_ms: int) -> None:
+    """Run the DDL statement ``sql`` so that it gives up on a lock after ``timeout_ms``
+    instead of waiting (a lock timeout: the next turn tries again).
+
+    Inside a transaction (a turn behind a transaction pooler, see :class:`locked`) the bound
+    is local to it. Outside, it is set on the session, the statement's whole run included
+    (``CONCURRENTLY`` waits for other transactions in steps of its own), and the session's
+    own settings (the maintainer's) come back after."""
+    if connections[alias].in_atomic_block:
+        with transaction.atomic(using=alias):
+            _execute(alias, f"SET LOCAL lock_timeout = {int(timeout_ms)}")
+            _execute(alias, sql)
+        return
+    with connections[alias].cursor() as cursor:
+        cursor.execute(SAVE_TIMEOUTS_SQL)
+        previous = cursor.fetchone()
+        cursor.execute(SET_TIMEOUTS_SQL, [str(timeout_ms), str(timeout_ms)])
+        try:
+            cursor.execute(sql)
+        finally:
+            cursor.execute(SET_TIMEOUTS_SQL, list(previous))
+
+
 def _detach(alias: str, parent: str, name: str) -> None:
     """Detach ``name`` from ``parent``: CONCURRENTLY outside a transaction, else plainly (a
     turn behind a transaction pooler runs in one transaction: see :class:`locked`)."""
     if connections[alias].in_atomic_block:
-        with transaction.atomic(using=alias):
-            _execute(alias, f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
-            _execute(alias, f"ALTER TABLE {_q(parent)} DETACH PARTITION {_q(name)}")
-        return
-    # The session's own statement_timeout (the worker loop sets one) comes back after.
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT current_setting('statement_timeout')")
-        previous = cursor.fetchone()[0]
-        cursor.execute("SELECT set_config('statement_timeout', %s, false)",
-                       [str(DETACH_TIMEOUT_MS)])
-        try:
-            cursor.execute(f"ALTER TABLE {_q(parent)} DETACH PARTITION {_q(name)} CONCURRENTLY")
-        finally:
-            cursor.execute("SELECT set_config('statement_timeout', %s, false)", [previous])
+        _bounded(alias, f"ALTER TABLE {_q(parent)} DETACH PARTITION {_q(name)}",
+                 LOCK_TIMEOUT_MS)
+    else:
+        _bounded(alias, f"ALTER TABLE {_q(parent)} DETACH PARTITION {_q(name)} CONCURRENTLY",
+                 DETACH_TIMEOUT_MS)
+
+
+def _finalize(alias: str, parent: str, name: str) -> None:
+    """Finish the detach of ``name`` that a cut-off ``CONCURRENTLY`` left pending."""
+    _bounded(alias, f"ALTER TABLE {_q(parent)} DETACH PARTITION {_q(name)} FINALIZE",
+             DETACH_TIMEOUT_MS)
 
 
 # -- making periods ahead --------------------------------------------------------------------
@@ -218,7 +246,7 @@ def make_ahead(alias: str, table: str) -> list[str]:
     after = next((p for p in parts if p.end is None), None)
     after_name = f"{table}_after"
     if after is not None and after.detach_pending:
-        _execute(alias, f"ALTER TABLE {_q(table)} DETACH PARTITION {_q(after_name)} FINALIZE")
+        _finalize(alias, table, after_name)
         after = None
     last_end = max((p.end for p in parts if p.is_period), default=None)
     if last_end is None:
@@ -243,6 +271,7 @@ def make_ahead(alias: str, table: str) -> list[str]:
         _detach(alias, table, after_name)
     new_end = periods[-1][2] if periods else last_end
     with transaction.atomic(using=alias):
+        _execute(alias, f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
         for name, start, end in periods:
             _execute(alias, ATTACH_SQL.format(parent=_q(table), name=_q(name),
                                               start=_literal(start), end=_literal(end)))
@@ -270,6 +299,8 @@ def _finish_drop(alias: str, name: str, archive: bool) -> Dropped:
     """Count, forget the workflow rows of, archive (with ``archive``) and drop the detached
     table ``name``, in one transaction."""
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        # A transaction still reading the table keeps the drop waiting: the next turn drops it.
+        cursor.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
         cursor.execute(COUNT_SQL.format(name=_q(name)))
         counts = dict(cursor.fetchall())
         if counts:
@@ -301,7 +332,7 @@ def drop_expired(alias: str, table: str, seconds: float | None,
         if not part.is_period or part.end > cutoff:  # type: ignore[operator]
             continue
         if part.detach_pending:
-            _execute(alias, f"ALTER TABLE {_q(table)} DETACH PARTITION {_q(part.name)} FINALIZE")
+            _finalize(alias, table, part.name)
         else:
             _detach(alias, table, part.name)
         dropped.append(_finish_drop(alias, part.name, archive))

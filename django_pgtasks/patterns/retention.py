@@ -48,8 +48,9 @@ logger = logging.getLogger("django_pgtasks.retention")
 #: Second key of the advisory lock that serializes purge batches. Negative, so it can never
 #: equal a worker's liveness lock key (1 … 2**31 - 2); the value spells "purg".
 PURGE_LOCK_KEY = -0x70757267
-#: Bounds of one purge turn inside a worker, so the worker's claim loop is never held up for
-#: long: at most this many batches, and no new batch once this many seconds have passed.
+#: Bounds of one purge turn inside a worker, so the worker's other maintenance jobs (which run
+#: on the same maintainer thread, never on the claim path) are not held up for long: at most
+#: this many batches, and no new batch once this many seconds have passed.
 TURN_MAX_BATCHES = 50
 TURN_SECONDS = 1.0
 

@@ -9,9 +9,10 @@ within ``COMPLETION_WINDOW`` seconds (at most ``COMPLETION_BATCH`` per statement
 so
 only the culprit fails. The handler's callbacks then run on a pool thread again.
 
-So a worker's own work needs two connections whatever its number of threads: the loop's
-(claims, outcomes, maintenance) and the watchdog's (liveness, notifications). A pool thread
-opens one only if its handler uses the database.
+So a worker's own work needs four connections whatever its number of threads: the loop's
+(claims, outcomes), the watchdog's (liveness, notifications), the maintainer's (rescue,
+partitions, purge, scheduler) and the releaser's (workflow children). A pool thread opens
+one only if its handler uses the database.
 
 The trade-off, and why it only applies to the default (at-least-once) mode: an outcome that
 is waiting in the window when the worker process dies is not recorded, so that task is

@@ -11,7 +11,10 @@ One ``Worker`` is one process's worth of work (``--processes`` runs several unde
                                                    safety net; no transaction open while idle)
 
 No transaction ever spans more than one claim or one completion, so an idle or busy worker
-never pins the xmin horizon.
+never pins the xmin horizon. Nothing else runs on the loop's thread: the watchdog
+(:mod:`~django_pgtasks.worker.watchdog`) keeps the worker alive and the maintainer
+(:mod:`~django_pgtasks.worker.maintainer`) runs rescue, partitions, purge and scheduler, each on
+a thread and session of its own.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from django_pgtasks.base import maintenance, tracing
+from django_pgtasks.base import tracing
 from django_pgtasks.base.errors import (
     format_exception,
     is_connection_loss,
@@ -45,16 +48,12 @@ from django_pgtasks.lifecycle.transitions import (
     Interrupted,
 )
 from django_pgtasks.models import Task
-
-# The side jobs every worker runs between claims register themselves when their module is
-# imported: rescue (worker/liveness.py, imported below), purge and scheduler (these two).
-from django_pgtasks.patterns import retention  # noqa: F401
-from django_pgtasks.scheduling import job as scheduler  # noqa: F401
 from django_pgtasks.worker.completion import PendingOutcomes
 from django_pgtasks.worker.connecting import ThreadConnections
 from django_pgtasks.worker.execution import TaskExecution
 from django_pgtasks.worker.listener import Listener
 from django_pgtasks.worker.liveness import Liveness
+from django_pgtasks.worker.maintainer import Maintainer
 from django_pgtasks.worker.pool import ThreadPool
 from django_pgtasks.worker.releaser import Releaser
 from django_pgtasks.worker.tracing import end_run
@@ -73,9 +72,10 @@ RUN_TIME_WEIGHT = 0.1
 #: Longest pause between two claims while the database refuses connections: a worker resumes
 #: within this time once the server is back.
 RECONNECT_PAUSE_MAX = 2.0
-#: Session settings of the worker's own connection (claims and maintenance): a claim or job
-#: waiting on a lock held elsewhere gives up instead of stalling the loop (liveness runs on its
-#: own thread and connection, so a stalled loop never looks like a lost worker either).
+#: Session settings of the loop's connection (claims, outcomes): a claim waiting on a lock
+#: held elsewhere gives up instead of stalling the loop (liveness and maintenance run on
+#: threads and connections of their own, so a stalled loop never looks like a lost worker
+#: and a maintenance job waiting on a lock never holds up a claim).
 SESSION_SQL = ("SELECT set_config('lock_timeout', %s, false), "
                "set_config('statement_timeout', %s, false)")
 LOCK_TIMEOUT = "5s"
@@ -127,6 +127,7 @@ class Worker(Watchdog, TaskExecution):
         #: Pool threads hand their outcomes in (else each records its own at once).
         self.batched = s.COMPLETION_WINDOW > 0
         self._stop = threading.Event()
+        self._stopping = threading.Lock()
         self._force = threading.Event()
         self._error_pause = s.ERROR_PAUSE
         self._pool: ThreadPool | None = None
@@ -135,9 +136,11 @@ class Worker(Watchdog, TaskExecution):
         self._exit_code = 0
         self._check_orphans = False
         self._next_poll = 0.0
-        self._next_job: dict[str, float] = {}
         self._session: Any = None
         self.liveness = Liveness(self.worker_id, self.queues, self.concurrency, self.using)
+        #: Rescue, partitions, purge and scheduler, off the claim path.
+        self.maintainer = Maintainer(self.using, on_error=self._stop_if_not_migrated,
+                                     name=self.worker_id)
         #: Records every outcome (the invariant: recorded, or back in the queue).
         self.recorder = Recorder(self.using, give_up=self._force)
         #: Releases the children of ended parents, on a thread of its own.
@@ -166,10 +169,14 @@ class Worker(Watchdog, TaskExecution):
         listener = self._start_watchdog()  # registers the worker first
         if not self.burst:  # a burst worker releases on its loop when idle (_release_now)
             self.releaser.start()
+        self.maintainer.start()
         try:
+            if self.burst:  # what the rescue and the scheduler give back or make is work too
+                self.maintainer.wait_first_round()
             look = True  # is there reason to claim? (start-up, a wake-up, a full last claim)
             while not self._stop.is_set():
-                self._maintain()
+                if self._check_orphans:
+                    self._give_back_orphans()
                 self._record_outcomes()
                 busy = pool.busy  # sampled before the claim, see the burst check below
                 recording = self.outcomes.due_in() is not None
@@ -207,8 +214,10 @@ class Worker(Watchdog, TaskExecution):
                         continue
                     break
                 self.listener.claimed_all_due()
+            self.maintainer.stop()
             code = max(self._shutdown(pool), self._exit_code)
         finally:
+            self.maintainer.join()
             self._record_outcomes(everything=True)
             self.releaser.stop()
             self._stop_watchdog(listener)  # unregisters the worker
@@ -220,6 +229,7 @@ class Worker(Watchdog, TaskExecution):
         """Ask the worker to stop claiming and finish what it runs (thread-safe)."""
         self._stop.set()
         self._wakeup.set()
+        self.maintainer.stop()
 
     def _sleep(self, timeout: float) -> bool:
         """Wait until woken (new work, a free slot, a stop request) or ``timeout`` passes;
@@ -254,10 +264,10 @@ class Worker(Watchdog, TaskExecution):
         return due is not None and due <= 0
 
     def _idle_timeout(self) -> float:
-        """How long the loop may sleep: the poll interval, cut short by the next maintenance
-        job, and by the earliest delayed task the listener heard of."""
+        """How long the loop may sleep: the poll interval, cut short by the next batch of
+        outcomes due and by the earliest delayed task the listener heard of."""
         now = time.monotonic()
-        timeout = min(self._next_poll - now, *(when - now for when in self._next_job.values()))
+        timeout = self._next_poll - now
         if (due := self.outcomes.due_in()) is not None:
             timeout = min(timeout, due)
         if self.listener is not None and (due := self.listener.seconds_until_due()) is not None:
@@ -265,28 +275,6 @@ class Worker(Watchdog, TaskExecution):
         return max(timeout, 0.001)
 
     # -- steps of the main loop ------------------------------------------------------------
-
-    def _maintain(self) -> None:
-        """Between claims: maintenance jobs (rescue, purge, scheduler) and lost claims."""
-        now = time.monotonic()
-        for job in maintenance.jobs():
-            if now < self._next_job.get(job.name, 0.0):
-                continue
-            interval = job.interval()
-            if not interval:
-                self._next_job.pop(job.name, None)
-                continue
-            self._next_job[job.name] = now + interval
-            try:
-                self._prepare_session()
-                job.run(self.using)
-            except (DatabaseError, InterfaceError) as exc:
-                if self._stop_if_not_migrated(exc):
-                    return
-                logger.error("Maintenance job %s failed: %s", job.name, exc)
-                close_connection(self.using)
-        if self._check_orphans:
-            self._give_back_orphans()
 
     def _prepare_session(self) -> None:
         """Give the loop's connection its session settings, once per connection (not to a
@@ -379,11 +367,14 @@ class Worker(Watchdog, TaskExecution):
         columns of django-pgtasks: no retry can fix that, ``migrate`` can."""
         if not (isinstance(exc, NotMigratedError) or is_missing_schema(exc)):
             return False
-        if not self._stop.is_set():
-            logger.critical("Worker %s stopping: %s", self.worker_id, not_migrated(self.using))
-        self._exit_code = 1
-        self._stop.set()
-        close_connection(self.using)
+        with self._stopping:  # the loop and the maintainer may both find out: one line
+            if not self._stop.is_set():
+                logger.critical("Worker %s stopping: %s", self.worker_id,
+                                not_migrated(self.using))
+            self._exit_code = 1
+            self._stop.set()
+        self._wakeup.set()  # called by the maintainer too, from its thread
+        close_connection(self.using)  # the calling thread's connection
         return True
 
     def _database_error(self, what: str, exc: BaseException) -> None:

@@ -35,10 +35,10 @@ def test_worker_survives_terminated_backends_while_idle_and_while_busy(start_com
     process = start_command("run_pgtasks", "--concurrency", "4", "--worker-id", "survivor")
     out = Output(process)
     wait_until(lambda: WorkerProcess.objects.filter(name="survivor").exists())
-    # Idle: its two sessions (the watchdog's, the loop's once it has claimed) are killed from
-    # the database side.
-    wait_until(lambda: worker_backends() == 2, timeout=30, what="the worker's two sessions")
-    assert terminate_worker_backends() == 2
+    # Idle: its four sessions (the watchdog's, the maintainer's, the releaser's, the loop's
+    # once it has claimed) are killed from the database side.
+    wait_until(lambda: worker_backends() == 4, timeout=30, what="the worker's four sessions")
+    assert terminate_worker_backends() == 4
     first = Task.objects.enqueue_many(tasks.noop.build() for _ in range(20))
     wait_until(lambda: Task.objects.succeeded().count() == len(first), timeout=90)
     # Busy: terminated while handlers run and before their completions are written.

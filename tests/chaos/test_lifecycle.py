@@ -331,7 +331,9 @@ def test_a_claim_blocked_on_a_lock_longer_than_the_worker_timeout_runs_nothing_t
         waiting = Task.objects.enqueue(tasks.noop, queue="emails")  # wakes the loop to claim
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
-            assert rescue() == []  # the worker is never taken for lost
+            # The worker is never taken for lost (None: the worker's own rescue pass, on its
+            # maintainer's thread while the claim waits, held the rescue lock at that instant).
+            assert rescue() in ([], None)
             assert Task.objects.get(pk=task.pk).status == Status.RUNNING
         # The claim was blocked all along (it is what the lock holds back).
         assert Task.objects.get(pk=waiting.pk).status == Status.READY

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import psycopg
@@ -25,7 +24,7 @@ from django_pgtasks.models.dependencies import Dependency
 from django_pgtasks.patterns import partitions
 from django_pgtasks.patterns.retention import purge, purge_turn
 from django_pgtasks.worker.loop import Worker
-from tests.helpers import run_workers, wait_until
+from tests.helpers import first_period_start, run_workers, wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,45 +50,6 @@ def table_exists(name: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
         return cursor.fetchone()[0]
-
-
-def first_period_start(table: str) -> datetime:
-    return min(p.start for p in partitions.partitions("default", table) if p.is_period)
-
-
-@pytest.fixture
-def past_period() -> Iterator[dict[str, str]]:
-    """Each history table gets periods for the two days before today, split off its
-    ``_before`` partition (as if the workers had made them then); the older one, which no
-    window of the last 24 hours reaches, is given (per table) to the test. The migration's
-    layout comes back after."""
-    made: dict[str, list[str]] = {}
-    with transaction.atomic(), connection.cursor() as cursor:
-        for table in (DONE_TABLE, FAILED_TABLE):
-            start = first_period_start(table)
-            cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {table}_before")
-            for days in (2, 1):
-                name = f"{table}_p{(start - days * DAY):%Y%m%d}"
-                cursor.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS "
-                               f"INCLUDING CONSTRAINTS INCLUDING STORAGE)")
-                cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {name} "
-                               f"FOR VALUES FROM (%s) TO (%s)",
-                               [start - days * DAY, start - (days - 1) * DAY])
-                made.setdefault(table, []).append(name)
-            cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {table}_before "
-                           f"FOR VALUES FROM (MINVALUE) TO (%s)", [start - 2 * DAY])
-    yield {table: names[0] for table, names in made.items()}
-    with transaction.atomic(), connection.cursor() as cursor:
-        for table, names in made.items():
-            attached = {p.name for p in partitions.partitions("default", table)}
-            for name in names:
-                if name in attached:
-                    cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {name}")
-                cursor.execute(f"DROP TABLE IF EXISTS {name}")
-            cursor.execute(f"ALTER TABLE {table} DETACH PARTITION {table}_before")
-            cursor.execute(f"ALTER TABLE {table} ATTACH PARTITION {table}_before "
-                           f"FOR VALUES FROM (MINVALUE) TO (%s)",
-                           [first_period_start(table)])
 
 
 def finished(status: str, at: datetime, count: int = 1, **fields) -> list[Task]:
