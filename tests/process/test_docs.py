@@ -117,6 +117,10 @@ TUTORIAL = DOCS / "tutorial.md"
 #: The console commands of the tutorial, and what the test runs for each. ``None``: not run,
 #: with the reason checked otherwise.
 CONSOLE = {
+    # The test makes the project itself (the same command, into its own folder).
+    "django-admin startproject mysite": None,
+    "cd mysite": None,
+    "python manage.py startapp accounts": ["startapp", "accounts"],
     # The package is installed in the test environment; the clone's URL and the extra must be
     # the project's.
     "git clone https://github.com/django-pgtasks/django-pgtasks.git": None,
@@ -196,14 +200,12 @@ def test_every_code_block_of_the_tutorial_runs(
 ) -> None:
     project = tmp_path / "project"
     project.mkdir()
-    # The reader's existing project, as this Django's startproject makes it (Django 6.1's
-    # configures email with MAILERS, say), on PostgreSQL, with an accounts app (no models).
+    # The reader's project, as this Django's startproject makes it (Django 6.1's configures
+    # email with MAILERS, say), on PostgreSQL; the tutorial's startapp makes the accounts app.
     subprocess.run([sys.executable, "-m", "django", "startproject", "mysite", str(project)],
                    check=True, capture_output=True, timeout=60)
     settings = project / "mysite" / "settings.py"
     settings.write_text(settings.read_text() + PROJECT_DATABASE)
-    (project / "accounts").mkdir()
-    (project / "accounts" / "__init__.py").touch()
     env = {**tutorial_database, "DJANGO_SETTINGS_MODULE": "mysite.settings",
            "PYTHONPATH": f"{project}:{ROOT}"}
 
@@ -228,6 +230,11 @@ def test_every_code_block_of_the_tutorial_runs(
                 continue
             path = header[2:].split(" (")[0].strip()
             if path == "settings.py":
+                if code.startswith("DATABASES = "):
+                    # The reader's server; the test's stays (PROJECT_DATABASE): the block
+                    # must at least name PostgreSQL.
+                    assert '"django.db.backends.postgresql"' in code, code
+                    continue
                 merge_settings(settings, code)
                 continue
             target = project / path
@@ -240,6 +247,8 @@ def test_every_code_block_of_the_tutorial_runs(
                 assert command in CONSOLE, f"unknown tutorial command, teach the test: {line}"
                 if CONSOLE[command] is None:
                     pyproject = (ROOT / "pyproject.toml").read_text()
+                    if command.startswith(("django-admin startproject ", "cd ")):
+                        continue  # done above, into the test's own folder
                     if command.startswith("git clone "):
                         assert command.split()[-1].removesuffix(".git") in pyproject, command
                         continue

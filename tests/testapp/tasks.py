@@ -241,6 +241,17 @@ def wf_slow_step(ctx: TaskContext, label: str) -> str:
 
 
 @pgtask(context=True, atomic=True)
+def wf_count_once(ctx: TaskContext) -> dict[str, int]:
+    """A large group's callback whose log row commits with its outcome: how many members
+    ended how (a list of 100,000 outcomes would exceed the result limit)."""
+    Execution.objects.create(task_id=ctx.task_id, worker="callback", attempt=ctx.attempt)
+    counts: dict[str, int] = {}
+    for outcome in ctx.parents():
+        counts[outcome.status] = counts.get(outcome.status, 0) + 1
+    return counts
+
+
+@pgtask(context=True, atomic=True)
 def wf_collect_once(ctx: TaskContext) -> list[Any]:
     """A group's callback whose log row commits with its outcome: exactly once."""
     Execution.objects.create(task_id=ctx.task_id, worker="callback", attempt=ctx.attempt)
