@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection, connections
 
@@ -133,6 +134,34 @@ def database_statement_timeout(value: str) -> Iterator[None]:
         with connection.cursor() as cursor:
             cursor.execute(f'ALTER DATABASE "{name}" RESET statement_timeout')
         connections.close_all()
+
+
+@contextmanager
+def running_worker(worker: Worker | None = None, **options: Any) -> Iterator[Worker]:
+    """Run ``worker`` (by default a new one made with ``options``: not burst, so its releaser
+    and maintainer threads run) in a thread; stop it on exit and fail the test if it raised
+    or did not stop."""
+    if worker is None:
+        worker = Worker(**{"concurrency": 2, "poll_interval": 0.2, **options})
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run(install_signals=False)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive(), "the worker did not stop"
+    assert not errors, errors
 
 
 def run_workers(workers: list[Worker], until: Callable[[], bool] | None = None,

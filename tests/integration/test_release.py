@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -31,7 +30,12 @@ from django_pgtasks.monitoring.dashboard import releases
 from django_pgtasks.worker.liveness import rescue
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.workflows import chain
-from tests.helpers import database_statement_timeout, large_seq_scans, wait_until
+from tests.helpers import (
+    database_statement_timeout,
+    large_seq_scans,
+    running_worker,
+    wait_until,
+)
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -40,31 +44,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def drain(threads: int = 2) -> None:
     assert Worker(concurrency=threads, burst=True).run(install_signals=False) == 0
-
-
-@contextmanager
-def running_worker(**options) -> Iterator[Worker]:
-    """A worker (not burst: its releaser thread runs) in a thread, stopped on exit."""
-    worker = Worker(**{"concurrency": 2, "poll_interval": 0.2, **options})
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run(install_signals=False)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(60)
-    assert not thread.is_alive(), "the worker did not stop"
-    assert not errors, errors
 
 
 @contextmanager

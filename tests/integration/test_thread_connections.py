@@ -20,7 +20,7 @@ from django_pgtasks import pgtask
 from django_pgtasks.base.registry import TaskContext
 from django_pgtasks.models import Task
 from django_pgtasks.worker.loop import Worker
-from tests.helpers import wait_until
+from tests.helpers import running_worker, wait_until
 from tests.proxy import FlakyProxy
 from tests.testapp import tasks
 from tests.testapp.models import Execution
@@ -58,22 +58,9 @@ def through_proxy() -> Iterator[FlakyProxy]:
         connection.close()
 
 
-@contextlib.contextmanager
-def running(worker: Worker) -> Iterator[Worker]:
-    thread = threading.Thread(target=lambda: (worker.run(install_signals=False),
-                                              connections.close_all()))
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(60)
-        assert not thread.is_alive()
-
-
 def test_a_thread_refused_a_connection_gives_its_task_back_unstarted(caplog) -> None:
     caplog.set_level(logging.INFO, "django_pgtasks.worker")
-    with through_proxy() as proxy, running(Worker(concurrency=2, poll_interval=0.05)) as worker:
+    with through_proxy() as proxy, running_worker(concurrency=2, poll_interval=0.05) as worker:
         # The loop's connection is open once it has run a task (a claim, an outcome).
         warm = Task.objects.enqueue(tasks.noop)
         wait_until(lambda: Task.objects.get(pk=warm.pk).status == "SUCCESSFUL")
@@ -104,7 +91,7 @@ def test_a_connection_the_handler_opens_itself_and_is_refused_interrupts_the_run
     interruption (it spends no attempt, one interruption), not a give-back."""
     STARTED.clear()
     GO.clear()
-    with through_proxy() as proxy, running(Worker(concurrency=1, poll_interval=0.05)):
+    with through_proxy() as proxy, running_worker(Worker(concurrency=1, poll_interval=0.05)):
         task = Task.objects.enqueue(reconnects)
         assert STARTED.wait(60)
         proxy.refuse(600)
