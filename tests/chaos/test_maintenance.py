@@ -10,6 +10,7 @@ once the reader is gone the period is dropped.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -29,8 +30,11 @@ from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-#: The longest a task may wait, from its enqueue to its start (database clock).
+#: How long tasks wait, from their enqueue to their start (database clock), at the median,
+#: and at the most: far below the maintainer's lock timeout (1 s) that a claim waiting behind
+#: maintenance would show, with room for a loaded CI machine (4 test processes on 2 cores).
 START_WITHIN = 0.1
+START_AT_MOST = 0.5
 #: Tasks enqueued one at a time, each while a detach waits for the reader.
 ROUNDS = 4
 
@@ -90,7 +94,8 @@ def test_a_purge_held_up_by_an_open_transaction_never_delays_a_claim(
                            == Status.SUCCESSFUL, 60, "the task to succeed")
                 task.refresh_from_db()
                 delays.append((task.started_at - task.created_at).total_seconds())
-                assert delays[-1] < START_WITHIN, delays
+                assert delays[-1] < START_AT_MOST, delays
+            assert statistics.median(delays) < START_WITHIN, delays
             assert table_exists(expired)  # the reader still holds it
             reader.rollback()
             # The purge, retried at its next turns, drops the period once the reader is gone.
@@ -142,7 +147,7 @@ def test_a_long_maintenance_job_delays_neither_claims_nor_the_shutdown(slow_job,
         wait_until(lambda: Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL, 30,
                    "the task to succeed")
         task.refresh_from_db()
-        assert (task.started_at - task.created_at).total_seconds() < START_WITHIN
+        assert (task.started_at - task.created_at).total_seconds() < START_AT_MOST
         with caplog.at_level(logging.DEBUG, logger="django_pgtasks.worker"):
             stopping = time.monotonic()
             worker.stop()
