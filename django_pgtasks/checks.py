@@ -22,6 +22,9 @@ from django_pgtasks.base.validation import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAM
 from django_pgtasks.conf import DEFAULTS, pgtasks_settings
 from django_pgtasks.retry import POLICIES
 
+#: A module path, as PGTASKS["TASK_MODULES"] lists them.
+_MODULE_PREFIX_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
 
 def _error(msg: str, id: str, hint: str | None = None) -> Error:
     return Error(msg, hint=hint, obj="PGTASKS", id=f"django_pgtasks.{id}")
@@ -281,6 +284,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
         errors.append(_error(
             f"PGTASKS['LIVENESS'] is {pgtasks_settings.LIVENESS!r}; use 'advisory_lock' or "
             f"'heartbeat'.", "E011",
+        ))
+    modules = pgtasks_settings.TASK_MODULES
+    if not isinstance(modules, list | tuple) or not all(
+            isinstance(m, str) and _MODULE_PREFIX_RE.fullmatch(m) for m in modules):
+        errors.append(_error(
+            f"PGTASKS['TASK_MODULES'] must be a list of module paths (such as 'mysite' or "
+            f"'shared.jobs'), not {modules!r}.", "E024",
         ))
     heartbeat = pgtasks_settings.HEARTBEAT_INTERVAL
     for key in ("RESCUE_GRACE", "WORKER_TIMEOUT"):

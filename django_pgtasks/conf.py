@@ -90,6 +90,11 @@ DEFAULTS: dict[str, Any] = {
     "SHUTDOWN_GRACE": 30.0,
     # Import the ``tasks`` module of every installed app at start-up so handlers register.
     "AUTODISCOVER": True,
+    # Module prefixes (dotted paths, e.g. ["mysite", "shared.jobs"]) whose modules a stored
+    # task name may import, besides those of installed apps and the project's own package
+    # (the top-level package of the settings module and of ROOT_URLCONF). A worker imports
+    # the module of a task it does not know only if it is under one of these.
+    "TASK_MODULES": [],
     # How workers prove they are alive: "advisory_lock" (a session-level lock held on a
     # dedicated connection, plus heartbeats) or "heartbeat" (heartbeats only; for poolers
     # such as PgBouncer in transaction mode, where session-level locks do not work).

@@ -1,8 +1,8 @@
-"""A ``django.tasks`` task in a module outside every installed app (``tests`` is not one).
+"""A ``django.tasks`` task in the project's own package, outside every installed app.
 
-A worker process never imports it because a task's row names it (stored names import only
-modules of installed apps): such a task runs only in the process that enqueued it, and fails as
-unknown in a worker process (tests/process/test_task_names.py).
+``tests`` is the package of the settings module (``tests.settings``) and of ``ROOT_URLCONF``,
+as ``mysite`` is for a project made by ``startproject``: a worker process imports this module
+when a row names its task (tests/process/test_task_names.py).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from django_pgtasks.base.compat import (
 from django_pgtasks.base.payload import normalize_payload
 from django_pgtasks.base.registry import MAX_NAME_LENGTH
 from django_pgtasks.base.routing import database_for_queue
+from django_pgtasks.base.schema import explain_missing_schema
 from django_pgtasks.base.validation import check_run_after
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import (
@@ -107,13 +108,21 @@ class PgTasksBackend(BaseTaskBackend):
     # -- enqueueing ------------------------------------------------------------------------
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
-        """Insert one row (in the caller's transaction, if any) and return its result."""
+        """Insert one row (in the caller's transaction, if any) and return its result.
+
+        Raises Django's ``InvalidTask`` for a task this backend cannot run, and
+        :class:`~django_pgtasks.backend.InvalidTaskArguments` (an ``InvalidTask`` and a
+        ``TypeError``) for arguments that would not survive JSON or that the function cannot
+        take, before any SQL; :class:`~django_pgtasks.exceptions.NotMigratedError` (a
+        ``ProgrammingError``) when the database lacks the task table."""
         self.validate_task(task)
         row = self._build_row(task, args, kwargs)
         # Traced like Task.objects.enqueue() (django_pgtasks.base.tracing).
-        with tracing.enqueueing((row.name,), (row.queue,)) as span:
+        database = database_for_queue(row.queue)
+        with (tracing.enqueueing((row.name,), (row.queue,)) as span,
+              explain_missing_schema(database)):
             span.inject((row,))
-            row.save(force_insert=True, using=database_for_queue(row.queue))
+            row.save(force_insert=True, using=database)
             span.sent([row])
         result = result_from_row(row, task, self.alias)
         native_task_enqueued.send(sender=type(row), task=row)
@@ -126,9 +135,11 @@ class PgTasksBackend(BaseTaskBackend):
         """Like :meth:`enqueue`; only the INSERT leaves the event loop (``Model.asave``)."""
         self.validate_task(task)
         row = self._build_row(task, args, kwargs)
-        with tracing.enqueueing((row.name,), (row.queue,)) as span:
+        database = database_for_queue(row.queue)
+        with (tracing.enqueueing((row.name,), (row.queue,)) as span,
+              explain_missing_schema(database)):
             span.inject((row,))
-            await row.asave(force_insert=True, using=database_for_queue(row.queue))
+            await row.asave(force_insert=True, using=database)
             span.sent([row])
         result = result_from_row(row, task, self.alias)
         await native_task_enqueued.asend(sender=type(row), task=row)
@@ -143,13 +154,19 @@ class PgTasksBackend(BaseTaskBackend):
             clean_args, clean_kwargs = normalize_payload(args, kwargs)
         except InvalidPayloadError as exc:
             raise InvalidTaskArguments(str(exc)) from exc
+        handler = handler_for(task)
+        # Arguments the function cannot take would fail every attempt in the worker: refused
+        # here, as @pgtask refuses them, naming every unexpected keyword.
+        problem = handler.argument_problem(clean_args, clean_kwargs, context=task.takes_context)
+        if problem is not None:
+            raise InvalidTaskArguments(handler.misfit_message(problem))
         run_after = task.run_after
         if run_after is not None and timezone.is_naive(run_after):
             # Django allows naive datetimes only with USE_TZ = False: they mean local time.
             run_after = timezone.make_aware(run_after)
         try:
             row = TaskRow.objects.build(
-                handler_for(task),
+                handler,
                 queue=task.queue_name,
                 priority=int(task.priority) + PRIORITY_OFFSET,
                 run_after=run_after,
@@ -174,7 +191,8 @@ class PgTasksBackend(BaseTaskBackend):
         pk, database = parse_result_location(result_id)
         row = None
         if pk is not None:
-            row = TaskRow.objects.using(database).filter(pk=pk).first()
+            with explain_missing_schema(database):
+                row = TaskRow.objects.using(database).filter(pk=pk).first()
         return self._result_or_error(result_id, row)
 
     async def aget_result(self, result_id: str) -> TaskResult:
@@ -184,7 +202,8 @@ class PgTasksBackend(BaseTaskBackend):
         pk, database = parse_result_location(result_id)
         row = None
         if pk is not None:
-            row = await TaskRow.objects.using(database).filter(pk=pk).afirst()
+            with explain_missing_schema(database):
+                row = await TaskRow.objects.using(database).filter(pk=pk).afirst()
         return self._result_or_error(result_id, row)
 
     def wait_result(

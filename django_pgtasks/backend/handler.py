@@ -102,12 +102,13 @@ class _Run:
                 f"Task id={row.pk} was enqueued through the task backend {alias!r}, whose class "
                 f"is now {type(backend).__name__}, not a PgTasksBackend."
             )
-        # HandlerImportError (an interruption) if the task's module is in an installed app
-        # but cannot be imported now; a path outside installed apps is never imported.
+        # HandlerImportError (an interruption) if the task's module may be imported by name
+        # but cannot be imported now; any other path is never imported.
         task = import_task(row.name, missing_ok=False)
         if task is None:
             raise FatalError(
-                f"{row.name!r} names no django.tasks Task of an installed app, so it is not run."
+                f"{row.name!r} names no django.tasks Task of an installed app, of the "
+                f"project's package or of PGTASKS['TASK_MODULES'], so it is not run."
             )
         task = backend.task_for_row(task, row)
         return cls(backend, task, result_from_row(row, task, alias))

@@ -1,4 +1,5 @@
-"""Finding a Django task by its module path, importing only modules of installed apps."""
+"""Finding a Django task by its module path, importing only modules a stored name may import
+(installed apps, the project's package, ``PGTASKS["TASK_MODULES"]``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def import_task(path: str, *, missing_ok: bool = True) -> Task | None:
     """The ``django.tasks.Task`` at module path ``path``, or ``None`` if there is none.
 
     Looks only at the tasks this process enqueued and, importing it if need be, at a module
-    of an installed app, checked before anything is imported: a stored path such as
+    of an installed app, of the project's package or of ``PGTASKS["TASK_MODULES"]``
+    (:func:`~django_pgtasks.base.registry.installed_module_of`), checked before anything is
+    imported: a stored path such as
     ``"this.s"`` imports nothing. If that module raises while being imported, the error is
     logged with its traceback and :class:`~django_pgtasks.exceptions.HandlerImportError`
     raised; if it does not exist, ``None`` is returned, or with ``missing_ok=False`` the same

@@ -26,7 +26,7 @@ def resolve(name: str) -> DjangoTaskHandler | None:
 
     Nothing but a ``django.tasks.Task`` instance is ever turned into a handler, and the
     handler runs only rows that a :class:`PgTasksBackend` enqueued. Only the tasks this
-    process enqueued and the modules of installed apps are looked at (see
+    process enqueued and the modules a stored name may import are looked at (see
     :func:`import_task`); a module there that fails to import raises
     :class:`~django_pgtasks.exceptions.HandlerImportError`.
     """
@@ -45,8 +45,9 @@ def handler_for(task: Task) -> DjangoTaskHandler:
     """The handler that runs ``task`` (as the worker will resolve it by name).
 
     Also remembers ``task``, so that this process finds it by name without an import. A task
-    whose module is in no installed app is logged once: a worker process never imports such
-    a module because a row names it, so only a worker in this process can run the task.
+    whose module a stored name may not import (in no installed app, not in the project's
+    package nor in ``PGTASKS["TASK_MODULES"]``) is logged once: a worker process never imports
+    such a module because a row names it, so only a worker in this process can run the task.
     """
     name = task.module_path
     handler = _handlers.get(name)
@@ -55,8 +56,10 @@ def handler_for(task: Task) -> DjangoTaskHandler:
         handler = _handlers.setdefault(name, DjangoTaskHandler(func=task.func, name=name))
         if registry.installed_module_of(name) is None:
             logger.warning(
-                "Task name=%s is in no installed app: a worker process does not import its "
-                "module and fails the task as unknown. Move it into an installed app's module.",
+                "Task name=%s is in no installed app, nor in the project's package or "
+                "PGTASKS['TASK_MODULES']: a worker process does not import its module and "
+                "fails the task as unknown. Move it into an installed app's module, or add "
+                "its module to PGTASKS['TASK_MODULES'].",
                 name,
             )
     return handler

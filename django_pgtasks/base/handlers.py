@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import inspect
 import logging
 import threading
@@ -220,7 +221,7 @@ class TaskHandler:
     signature: inspect.Signature | None = field(init=False, repr=False)
     #: Per shape of a call checked by :meth:`check_arguments`: why it does not fit, or
     #: ``None`` when it does.
-    _misfits: dict[tuple[int, frozenset[str]], str | None] = field(
+    _misfits: dict[tuple[int, frozenset[str], bool], str | None] = field(
         init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -241,33 +242,42 @@ class TaskHandler:
     def check_arguments(self, args: tuple | list, kwargs: dict[str, Any]) -> None:
         """Raise :class:`~django_pgtasks.exceptions.InvalidTaskError` if the function could
         not be called with ``args`` and ``kwargs`` (after the context, for a handler that
-        takes one): refused at enqueue, not failed at run time attempt after attempt.
+        takes one): refused at enqueue, not failed at run time attempt after attempt."""
+        problem = self.argument_problem(args, kwargs)
+        if problem is not None:
+            from django_pgtasks.exceptions import InvalidTaskError
+
+            raise InvalidTaskError(self.misfit_message(problem))
+
+    def argument_problem(self, args: tuple | list, kwargs: dict[str, Any], *,
+                         context: bool | None = None) -> str | None:
+        """Why the function could not be called with ``args`` and ``kwargs``, or ``None``
+        when it could (or its signature cannot be read). With ``context`` (default: the
+        handler's ``takes_context``) a first argument is left for the context.
+
+        Every unexpected keyword is named, with the parameter it may be a misspelling of,
+        even where Python reports only a missing argument: ``usr_id=1`` for ``user_id`` is
+        "missing a required argument: 'user_id'; got an unexpected keyword argument 'usr_id'
+        (did you mean 'user_id'?)".
 
         Whether a call fits a signature depends only on its shape (how many positional
         arguments, which keyword names), so the answer is kept per shape: ``enqueue_bulk()``
         of many calls binds once."""
         if self.signature is None:
-            return
-        shape = (len(args), frozenset(kwargs))
+            return None
+        context = self.takes_context if context is None else context
+        shape = (len(args), frozenset(kwargs), context)
         problem = self._misfits.get(shape, "")
         if problem == "":
-            try:
-                if self.takes_context:
-                    self.signature.bind(None, *args, **kwargs)
-                else:
-                    self.signature.bind(*args, **kwargs)
-                problem = None
-            except TypeError as exc:
-                problem = str(exc)
+            problem = argument_problem(self.signature, args, kwargs, context=context)
             if len(self._misfits) < SHAPES_KEPT:
                 self._misfits[shape] = problem
-        if problem is not None:
-            from django_pgtasks.exceptions import InvalidTaskError
+        return problem
 
-            raise InvalidTaskError(
-                f"Task {self.name}: the arguments do not match "
-                f"{self.func.__qualname__}{self.signature}: {problem}."
-            )
+    def misfit_message(self, problem: str) -> str:
+        """The full sentence for arguments that do not fit (see :meth:`argument_problem`)."""
+        return (f"Task {self.name}: the arguments do not match "
+                f"{self.func.__qualname__}{self.signature}: {problem}.")
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
@@ -393,3 +403,41 @@ def _cancellable(func: Callable[..., Any], signal: CancelSignal) -> Callable[...
             remove()
 
     return cancellable
+
+
+def argument_problem(signature: inspect.Signature, args: tuple | list, kwargs: dict[str, Any],
+                     *, context: bool = False) -> str | None:
+    """Why a function of ``signature`` could not be called with ``args`` and ``kwargs`` (after
+    a first argument for the context, with ``context``), or ``None`` when it could. Names
+    every unexpected keyword argument, not only the first problem Python finds."""
+    try:
+        signature.bind(*((None,) if context else ()), *args, **kwargs)
+    except TypeError as exc:
+        problem = str(exc)
+    else:
+        return None
+    unexpected = unexpected_keywords(signature, kwargs)
+    if not unexpected:
+        return problem
+    # Python names the first problem it meets; a misspelt keyword is often reported only as
+    # the argument it was meant for ("missing a required argument: 'user_id'").
+    parts = [] if problem.startswith("got an unexpected keyword argument") else [problem]
+    keywords = [p.name for p in signature.parameters.values() if p.kind in _BY_KEYWORD]
+    for name in unexpected:
+        close = difflib.get_close_matches(name, keywords, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        parts.append(f"got an unexpected keyword argument {name!r}{hint}")
+    return "; ".join(parts)
+
+
+#: Kinds of parameters a keyword argument binds to.
+_BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def unexpected_keywords(signature: inspect.Signature, kwargs: dict[str, Any]) -> list[str]:
+    """The keyword arguments no parameter of ``signature`` takes, in their order."""
+    parameters = signature.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return []
+    return [name for name in kwargs
+            if name not in parameters or parameters[name].kind not in _BY_KEYWORD]

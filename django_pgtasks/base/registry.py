@@ -53,7 +53,7 @@ def add_resolver(resolver: Callable[[str], TaskHandler | None]) -> None:
     the ``django.tasks`` backend); it returns ``None`` for names it does not know.
 
     :func:`get_handler` asks resolvers about every name it has not registered, so a resolver
-    must import nothing for a name outside installed apps (check with
+    must import nothing for a name outside the modules a stored name may import (check with
     :func:`installed_module_of` first) and should import through
     :func:`import_handler_module`, which turns a module that fails to import into
     :class:`~django_pgtasks.exceptions.HandlerImportError`.
@@ -188,15 +188,16 @@ def get_handler(name: str) -> TaskHandler:
 
     A name that is not registered yet is looked up only where a stored name may lead: the
     resolvers (e.g. the ``django.tasks`` backend's), then the module part of a
-    ``package.module.function`` name *if that module belongs to an installed app*: it is
-    imported (which runs its ``@pgtask`` decorators) and the lookup is repeated. Whether a name
-    is inside an installed app is decided before anything is imported, so a stored name never
-    imports a module outside them. Nothing that is not a registered handler is ever returned
+    ``package.module.function`` name *if that module belongs to an installed app, the
+    project's package or* ``PGTASKS["TASK_MODULES"]`` (:func:`installed_module_of`): it is
+    imported (which runs its ``@pgtask`` decorators) and the lookup is repeated. That is
+    decided before anything is imported, so a stored name never imports a module outside
+    them. Nothing that is not a registered handler is ever returned
     or called.
 
     Raises :class:`~django_pgtasks.exceptions.UnknownTaskError` if no handler is found, and
     :class:`~django_pgtasks.exceptions.HandlerImportError` if the module of a name inside an
-    installed app raises while being imported, or does not exist in this code (a task
+    importable module raises while being imported, or does not exist in this code (a task
     enqueued by newer code than this process runs); the error is logged with its traceback.
     """
     handler = _registry.get(name)
@@ -220,8 +221,9 @@ def get_handler(name: str) -> TaskHandler:
                f"with @pgtask and make sure its module is imported.")
     outside = name.rpartition(".")[0]
     if module_name is None and _MODULE_PATH_RE.match(outside):
-        message += (f" Only modules of installed apps are imported by name, and {outside!r} "
-                    f"is not one.")
+        message += (f" Only modules of installed apps, of the project's package and of "
+                    f"PGTASKS['TASK_MODULES'] are imported by name, and {outside!r} is none "
+                    f"of them.")
     raise UnknownTaskError(message)
 
 
@@ -253,20 +255,53 @@ _MODULE_PATH_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 
 def installed_module_of(name: str) -> str | None:
     """The module part of ``name`` (``"app.tasks"`` of ``"app.tasks.send"``) if that module
-    belongs to an installed app, else ``None``. Imports nothing.
+    may be imported by name (see :func:`importable_prefixes`), else ``None``. Imports
+    nothing.
 
-    Only such modules are imported because of a stored name: installed apps are code the
-    project chose to run; anything else on ``sys.path`` (``this``, ``antigravity``, a stray
-    script) is not, whatever a row of the task table says.
+    Only such modules are imported because of a stored name: installed apps, the project's
+    own package and the prefixes of ``PGTASKS["TASK_MODULES"]`` are code the project chose
+    to run; anything else on ``sys.path`` (``this``, ``antigravity``, a stray script) is
+    not, whatever a row of the task table says.
     """
 
     module_name, _, attribute = name.rpartition(".")
     if not (_MODULE_PATH_RE.match(module_name) and attribute.isidentifier()):
         return None
-    if any(module_name == config.name or module_name.startswith(config.name + ".")
-           for config in apps.get_app_configs()):
+    if any(module_name == prefix or module_name.startswith(prefix + ".")
+           for prefix in importable_prefixes()):
         return module_name
     return None
+
+
+def project_packages() -> list[str]:
+    """The project's own top-level packages: those of ``settings.SETTINGS_MODULE`` and of
+    ``settings.ROOT_URLCONF`` (``"mysite"`` of ``"mysite.settings"``), the package
+    ``startproject`` makes, which is not an installed app. A module at the top level (a
+    ``settings.py`` on ``sys.path``, not in a package) gives none."""
+    from django.conf import settings
+
+    packages = []
+    for path in (getattr(settings, "SETTINGS_MODULE", None),
+                 getattr(settings, "ROOT_URLCONF", None)):
+        if isinstance(path, str) and "." in path:
+            package = path.partition(".")[0]
+            if _MODULE_PATH_RE.match(package) and package not in packages:
+                packages.append(package)
+    return packages
+
+
+def importable_prefixes() -> list[str]:
+    """The module prefixes a stored name may import: every installed app's module, the
+    project's packages (:func:`project_packages`) and ``PGTASKS["TASK_MODULES"]`` (the
+    well-formed entries; the system check ``E024`` reports the others)."""
+    from django_pgtasks.conf import pgtasks_settings
+
+    extra = pgtasks_settings.TASK_MODULES
+    if not isinstance(extra, list | tuple):
+        extra = []
+    extra = [prefix for prefix in extra
+             if isinstance(prefix, str) and _MODULE_PATH_RE.match(prefix)]
+    return [*(config.name for config in apps.get_app_configs()), *project_packages(), *extra]
 
 
 def import_handler_module(
@@ -274,7 +309,7 @@ def import_handler_module(
 ) -> ModuleType | None:
     """Import ``module_name``, the module of the task ``name``; see :func:`installed_module_of`.
 
-    Callers check first that the module belongs to an installed app. If the module raises
+    Callers check first that the module may be imported by name. If the module raises
     while being imported (a missing dependency, a deploy in progress), the error is logged
     with its traceback and :class:`~django_pgtasks.exceptions.HandlerImportError` raised: the
     task's code is there but cannot run *now*, which is an interruption, not a failure of the

@@ -9,12 +9,14 @@ has (results from another process, deferral, retries, stricter JSON) is in test_
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 
 compat = pytest.importorskip("django_pgtasks.base.compat")
 
@@ -248,3 +250,134 @@ def test_floats_come_back_as_floats(alias: str) -> None:
     result = run(dj_tasks.echo.using(backend=alias).enqueue(*floats))
     assert result.return_value[0] == floats
     assert all(type(x) is float for x in result.return_value[0])
+
+
+# -- ported from Django's tests/tasks (test_immediate_backend.py, test_tasks.py) -------------
+#
+# What applies to a database backend: enqueue (sync and async), results, exceptions, signals.
+# Django's own tests of the logging are elsewhere; what does not apply is listed, with the
+# reason, in docs/django-tasks.md ("Django's contract tests").
+
+
+def needs_results(alias: str) -> None:
+    """Django's ImmediateBackend keeps no results (its test_cannot_get_result)."""
+    if not compat.task_backends[alias].supports_get_result:
+        pytest.skip(f"the backend {alias!r} keeps no results")
+
+
+@pytest.mark.parametrize("task", [dj_tasks.noop, dj_tasks.async_noop], ids=["sync", "async"])
+@pytest.mark.parametrize("how", ["enqueue", "aenqueue"])
+def test_enqueue_runs_sync_and_async_tasks(alias: str, task: Any, how: str) -> None:
+    task = task.using(backend=alias)
+    enqueue = task.enqueue if how == "enqueue" else async_to_sync(task.aenqueue)
+    result = run(enqueue(1, two=3))
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.is_finished is True
+    assert None not in (result.started_at, result.last_attempted_at, result.finished_at)
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    assert result.return_value is None
+    assert result.task == task
+    assert (result.args, result.kwargs, result.attempts) == ([1], {"two": 3}, 1)
+
+
+def test_the_result_of_the_backend_enqueue_call(alias: str) -> None:
+    backend = compat.task_backends[alias]
+    result = run(backend.enqueue(dj_tasks.calculate_meaning_of_life.using(backend=alias), [], {}))
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+    result = run(async_to_sync(backend.aenqueue)(
+        dj_tasks.calculate_meaning_of_life.using(backend=alias), [], {}))
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+
+
+def test_a_complex_exception_is_recorded(alias: str) -> None:
+    result = run(dj_tasks.complex_exception.using(backend=alias).enqueue())
+    assert result.status == TaskResultStatus.FAILED
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018
+    assert result._return_value is None
+    assert result.errors[0].exception_class is ValueError
+    assert 'ValueError(ValueError("This task failed"))' in result.errors[0].traceback
+    assert (result.args, result.kwargs) == ([], {})
+
+
+def test_a_system_exit_is_recorded_with_its_message(alias: str) -> None:
+    result = run(dj_tasks.exits.using(backend=alias).enqueue())
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].traceback.rstrip().endswith("SystemExit: 3")
+    assert result.started_at <= result.finished_at
+
+
+def test_aenqueue_refuses_an_unserializable_argument(alias: str) -> None:
+    with pytest.raises(TypeError):
+        async_to_sync(dj_tasks.noop.using(backend=alias).aenqueue)(datetime.now())
+    assert not Row.objects.exists()
+
+
+@pytest.mark.parametrize("how", ["enqueue", "aenqueue"])
+def test_the_task_is_validated_again_on_enqueue(alias: str, how: str) -> None:
+    # A task whose queue became invalid after using() (Django's test_validate_on_enqueue).
+    task = dj_tasks.noop.using(backend=alias)
+    object.__setattr__(task, "queue_name", "unknown_queue")  # past the checks of using()
+    enqueue = task.enqueue if how == "enqueue" else async_to_sync(task.aenqueue)
+    with pytest.raises(InvalidTask, match="Queue 'unknown_queue' is not valid for backend"):
+        enqueue()
+    assert not Row.objects.exists()
+
+
+def test_a_task_gets_its_own_result_id_from_the_context(alias: str) -> None:
+    result = run(dj_tasks.context_info.using(backend=alias).enqueue())
+    assert result.return_value["id"] == result.id
+    assert result.return_value["attempt"] == 1
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_get_result_returns_the_enqueued_result(alias: str, how: str) -> None:
+    needs_results(alias)
+    task = dj_tasks.noop.using(backend=alias)
+    backend = task.get_backend()
+    if how == "sync":
+        result = backend.enqueue(task, (), {})
+        fetched = task.get_result(result.id)
+    else:
+        result = async_to_sync(backend.aenqueue)(task, (), {})
+        fetched = async_to_sync(task.aget_result)(result.id)
+    assert fetched == result
+    assert fetched.task == task
+    assert (fetched.id, fetched.status, fetched.args, fetched.kwargs) == (
+        result.id, TaskResultStatus.READY, [], {})
+
+
+def test_get_result_of_a_missing_result_raises(alias: str) -> None:
+    needs_results(alias)
+    task = dj_tasks.noop.using(backend=alias)
+    with pytest.raises(compat.TaskResultDoesNotExist):
+        task.get_result("123")
+    with pytest.raises(compat.TaskResultDoesNotExist):
+        async_to_sync(task.aget_result)("123")
+
+
+def test_get_result_of_another_task_raises_a_mismatch(alias: str) -> None:
+    needs_results(alias)
+    backend = compat.task_backends[alias]
+    result = backend.enqueue(dj_tasks.async_noop.using(backend=alias), (), {})
+    noop = dj_tasks.noop.using(backend=alias)
+    with pytest.raises(compat.TaskResultMismatch, match="Task does not match"):
+        noop.get_result(result.id)
+    with pytest.raises(compat.TaskResultMismatch, match="Task does not match"):
+        async_to_sync(noop.aget_result)(result.id)
+
+
+def test_refresh_of_an_unchanged_result_changes_nothing(alias: str) -> None:
+    needs_results(alias)
+    result = async_to_sync(dj_tasks.noop.using(backend=alias).aenqueue)()
+    before = dataclasses.asdict(result)
+    result.refresh()
+    assert dataclasses.asdict(result) == before
+    async_to_sync(result.arefresh)()
+    assert dataclasses.asdict(result) == before
+
+
+def test_aenqueue_sends_task_enqueued(alias: str, signals_seen: list) -> None:
+    result = async_to_sync(dj_tasks.noop.using(backend=alias).aenqueue)()
+    sender = type(result.task.get_backend())
+    assert signals_seen[0] == ("enqueued", sender, result.id, "READY", None)

@@ -163,6 +163,12 @@ MISFITS = [
     ("one missing", (1,), {}, "missing a required argument: 'b'"),
     ("an unknown keyword", (), {"a": 1, "b": 2, "c": 3},
      "got an unexpected keyword argument 'c'"),
+    # Python reports only the missing 'b'; the misspelt 'bb' is named as well.
+    ("a misspelt keyword", (), {"a": 1, "bb": 2},
+     "missing a required argument: 'b'; got an unexpected keyword argument 'bb' "
+     "(did you mean 'b'?)"),
+    ("two unknown keywords", (), {"a": 1, "b": 2, "c": 3, "d": 4},
+     "got an unexpected keyword argument 'c'; got an unexpected keyword argument 'd'"),
 ]
 
 
@@ -182,6 +188,39 @@ def test_a_handler_that_takes_the_context_is_checked_without_it() -> None:
     assert Task.objects.enqueue(tasks.log_execution).pk  # the worker passes the context
     assert_refused(lambda: Task.objects.enqueue(tasks.log_execution, 1), InvalidTaskError,
                    "the arguments do not match log_execution(ctx", "too many positional")
+
+
+@needs_django_tasks
+@pytest.mark.parametrize("how", ["enqueue", "aenqueue"])
+@pytest.mark.parametrize(("args", "kwargs", "problem"), [case[1:] for case in MISFITS],
+                         ids=[case[0] for case in MISFITS])
+def test_a_django_task_refuses_arguments_that_do_not_fit_before_any_sql(
+    how: str, args: tuple, kwargs: dict, problem: str
+) -> None:
+    from asgiref.sync import async_to_sync
+
+    from django_pgtasks.backend import InvalidTaskArguments
+    from tests.testapp import dj_tasks
+
+    enqueue = {"enqueue": dj_tasks.add.enqueue,
+               "aenqueue": async_to_sync(dj_tasks.add.aenqueue)}[how]
+    error = assert_refused(lambda: enqueue(*args, **kwargs), InvalidTaskArguments,
+                           "Task tests.testapp.dj_tasks.add: the arguments do not match "
+                           "add(a: 'int', b: 'int') -> 'int'", problem)
+    # Django's own exception at the django.tasks boundary; a TypeError, as calling the
+    # function with them would raise.
+    assert isinstance(error, compat.InvalidTask)
+    assert isinstance(error, TypeError)
+
+
+@needs_django_tasks
+def test_a_django_task_that_takes_the_context_is_checked_without_it() -> None:
+    from django_pgtasks.backend import InvalidTaskArguments
+    from tests.testapp import dj_tasks
+
+    assert dj_tasks.context_info.enqueue().id  # the worker passes the context
+    assert_refused(lambda: dj_tasks.context_info.enqueue(1), InvalidTaskArguments,
+                   "the arguments do not match context_info(context", "too many positional")
 
 
 def plain_function(x: int) -> int:

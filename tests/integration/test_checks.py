@@ -56,11 +56,21 @@ def test_manage_py_check_fails_on_misconfiguration(settings) -> None:
         ({"PREFETCH_HORIZON": -0.1}, "E010"),
         ({"PREFETCH": "fast"}, "E013"),
         ({"PREFETCH": -1}, "E013"),
+        ({"TASK_MODULES": "mysite"}, "E024"),
+        ({"TASK_MODULES": ["mysite", "shared jobs"]}, "E024"),
+        ({"TASK_MODULES": ["mysite."]}, "E024"),
+        ({"TASK_MODULES": [None]}, "E024"),
     ],
 )
 def test_invalid_settings_are_reported(settings, pgtasks: dict, expected: str) -> None:
     settings.PGTASKS = pgtasks
     assert f"django_pgtasks.{expected}" in ids(check_settings())
+
+
+def test_task_modules_may_list_module_paths(settings) -> None:
+    for value in ([], ["mysite"], ("mysite", "shared.jobs")):
+        settings.PGTASKS = {"TASK_MODULES": value}
+        assert check_settings() == []
 
 
 def test_prefetch_may_be_auto_or_a_number(settings) -> None:

@@ -96,6 +96,29 @@ def test_every_enqueue_form_raises_not_migrated(how: str) -> None:
 
 
 @pytest.mark.usefixtures("table_away")
+@pytest.mark.parametrize("how", ["enqueue", "aenqueue", "get_result", "aget_result"])
+def test_the_django_tasks_backend_raises_not_migrated(how: str) -> None:
+    """``@task`` as ``@pgtask``: the error says to migrate (a ``ProgrammingError`` still)."""
+    compat = pytest.importorskip("django_pgtasks.base.compat")
+    from asgiref.sync import async_to_sync
+
+    from tests.testapp import dj_tasks
+
+    backend = compat.task_backends["default"]
+    call = {
+        "enqueue": lambda: dj_tasks.add.enqueue(1, 2),
+        "aenqueue": lambda: async_to_sync(dj_tasks.add.aenqueue)(1, 2),
+        "get_result": lambda: backend.get_result("1"),
+        "aget_result": lambda: async_to_sync(backend.aget_result)("1"),
+    }[how]
+    with pytest.raises(NotMigratedError, match=MIGRATE_HINT) as caught:
+        call()
+    assert caught.value.alias == "default"
+    assert re.search(r'relation "pgtasks_task(_live)?" does not exist',
+                     str(caught.value.__cause__))
+
+
+@pytest.mark.usefixtures("table_away")
 def test_a_running_worker_stops_when_it_finds_no_table(caplog) -> None:
     # The start-up check is skipped when the database is unreachable at start; the worker
     # then meets the missing table in its own statements, and stops instead of retrying.

@@ -8,12 +8,15 @@ interruption, instead of failing its task for good as an unknown name.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,8 +90,10 @@ def test_a_name_outside_installed_apps_imports_nothing(call: str, outcome: str) 
 
 
 def test_the_unknown_name_says_why_it_was_not_imported() -> None:
-    with pytest.raises(UnknownTaskError, match=r"Only modules of installed apps are imported "
-                                               r"by name, and 'this' is not one\.$"):
+    with pytest.raises(UnknownTaskError, match=r"Only modules of installed apps, of the "
+                                               r"project's package and of "
+                                               r"PGTASKS\['TASK_MODULES'\] are imported by "
+                                               r"name, and 'this' is none of them\.$"):
         get_handler("this.s")
 
 
@@ -222,41 +227,107 @@ def test_the_backend_and_a_missing_module_of_an_installed_app() -> None:
     # A row the worker has resolved already: its module gone meanwhile is an interruption.
     with pytest.raises(HandlerImportError, match="does not exist in this code"):
         backend_handler._Run.for_row(django_row(name))
-    with pytest.raises(FatalError, match=r"names no django\.tasks Task of an installed app"):
+    with pytest.raises(FatalError, match=r"names no django\.tasks Task of an installed app, "
+                                         r"of the project's package or of "
+                                         r"PGTASKS\['TASK_MODULES'\]"):
         backend_handler._Run.for_row(django_row("tests.testapp.dj_tasks.nothing"))
 
 
-def test_a_django_task_outside_installed_apps_runs_only_where_it_was_enqueued(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    from tests import djtasks
+#: A package outside installed apps and the project's, written by :func:`outside_modules`.
+OUTSIDE = "pgtasks_outside_h30"
+#: Another, listed in PGTASKS["TASK_MODULES"] by the settings :func:`outside_modules` writes.
+LISTED = "pgtasks_listed_h30"
+TASK_SOURCE = textwrap.dedent("""
+    from django_pgtasks.base.compat import task
 
-    name = "tests.djtasks.multiply"
-    backend_resolver._handlers.pop(name, None)
-    backend_importing._tasks.pop(name, None)
-    # A worker process would not import tests.djtasks (``tests`` is not an installed app):
+
+    @task
+    def triple(x: int) -> int:
+        return 3 * x
+""")
+SETTINGS_SOURCE = textwrap.dedent(f"""
+    from tests.settings import *  # noqa: F403
+
+    PGTASKS = {{**PGTASKS, "TASK_MODULES": ["{LISTED}"]}}  # noqa: F405
+""")
+
+
+@pytest.fixture
+def outside_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Two packages on ``sys.path``, ``OUTSIDE`` and ``LISTED``, each with a ``tasks`` module
+    of one Django task ``triple``, and a top-level settings module
+    ``pgtasks_listed_settings`` (the test settings with ``LISTED`` in TASK_MODULES)."""
+    for package in (OUTSIDE, LISTED):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "tasks.py").write_text(TASK_SOURCE)
+    (tmp_path / "pgtasks_listed_settings.py").write_text(SETTINGS_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for package in (OUTSIDE, LISTED):
+        for name in (package, f"{package}.tasks"):
+            sys.modules.pop(name, None)
+        for table in (backend_resolver._handlers, backend_importing._tasks):
+            table.pop(f"{package}.tasks.triple", None)
+
+
+def test_the_project_package_and_task_modules_may_be_imported_by_name(
+    outside_modules: Path, settings: Any,
+) -> None:
+    # ``tests`` is the package of the settings module and of ROOT_URLCONF, not an app.
+    assert registry.project_packages() == ["tests"]
+    assert registry.installed_module_of("tests.djtasks.multiply") == "tests.djtasks"
+    assert registry.installed_module_of(f"{LISTED}.tasks.triple") is None
+    settings.PGTASKS = {**settings.PGTASKS, "TASK_MODULES": [LISTED]}
+    assert registry.installed_module_of(f"{LISTED}.tasks.triple") == f"{LISTED}.tasks"
+    assert registry.installed_module_of(f"{LISTED}x.tasks.triple") is None  # a prefix, not text
+    assert registry.installed_module_of(f"{OUTSIDE}.tasks.triple") is None
+    assert registry.installed_module_of("this.s") is None
+    assert backend.import_task(f"{LISTED}.tasks.triple") is not None
+
+
+def test_a_django_task_outside_importable_modules_runs_only_where_it_was_enqueued(
+    outside_modules: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    name = f"{OUTSIDE}.tasks.triple"
+    # A worker process would not import it (no app, not the project's, not listed):
     assert backend.resolve(name) is None
-    handler = backend.handler_for(djtasks.multiply)
-    backend.handler_for(djtasks.multiply)
+    assert OUTSIDE not in sys.modules
+    module = importlib.import_module(f"{OUTSIDE}.tasks")
+    handler = backend.handler_for(module.triple)
+    backend.handler_for(module.triple)
     [warning] = [r for r in caplog.records if r.name == "django_pgtasks.backend"]
-    assert warning.getMessage().startswith(f"Task name={name} is in no installed app")
+    assert warning.getMessage().startswith(f"Task name={name} is in no installed app, nor in "
+                                           f"the project's package or PGTASKS['TASK_MODULES']")
     # ... but this process enqueued it, so it finds it without importing anything.
     assert backend.resolve(name) is handler
-    assert backend.import_task(name) is djtasks.multiply
+    assert backend.import_task(name) is module.triple
 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_process_fails_a_django_task_outside_installed_apps(start_command) -> None:
+def test_a_worker_process_runs_tasks_of_the_project_package_and_of_task_modules(
+    outside_modules: Path, start_command,
+) -> None:
     from tests import djtasks
 
-    result = djtasks.multiply.enqueue(6, 7)
-    # --skip-checks: nothing imports tests.djtasks in the worker but, before, the row's name.
-    process = start_command("run_pgtasks", "--burst", "--skip-checks", "--log-level", "WARNING")
+    project = djtasks.multiply.enqueue(6, 7)
+    listed = importlib.import_module(f"{LISTED}.tasks").triple.enqueue(5)
+    outside = importlib.import_module(f"{OUTSIDE}.tasks").triple.enqueue(5)
+    # --skip-checks: nothing imports these modules in the worker but, before, the row's name.
+    process = start_command(
+        "run_pgtasks", "--burst", "--skip-checks", "--log-level", "WARNING",
+        DJANGO_SETTINGS_MODULE="pgtasks_listed_settings",
+        PYTHONPATH=f"{outside_modules}{os.pathsep}{ROOT}",
+    )
     output = process.communicate(timeout=120)[0]
     assert process.returncode == 0, output
-    row = Task.objects.get(pk=int(result.id))
+    project.refresh()
+    listed.refresh()
+    assert (project.status, project.return_value) == ("SUCCESSFUL", 42), output
+    assert (listed.status, listed.return_value) == ("SUCCESSFUL", 15), output
+    row = Task.objects.get(pk=int(outside.id))
     assert row.status == "FAILED", output
-    assert ("No task handler is registered under the name 'tests.djtasks.multiply'"
-            in row.error_text)
-    assert "'tests.djtasks' is not one." in row.error_text
+    assert f"No task handler is registered under the name '{OUTSIDE}.tasks.triple'" \
+        in row.error_text
+    assert f"'{OUTSIDE}.tasks' is none of them." in row.error_text

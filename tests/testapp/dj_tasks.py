@@ -168,3 +168,21 @@ def dj_sum_of_parents(context: TaskContext) -> int:
     from django_pgtasks.backend.workflows import parent_outcomes
 
     return sum(outcome.result for outcome in parent_outcomes(context))
+
+
+# -- the tasks of Django's own test suite (tests/tasks/tasks.py) that the contract ports ------
+
+
+@task
+def noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@task
+async def async_noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@task
+def complex_exception() -> None:
+    raise ValueError(ValueError("This task failed"))
