@@ -83,7 +83,7 @@ from django_pgtasks.lifecycle.rows import load_rows
 
 ORDER_SQL = "priority DESC, run_after, id"
 #: First key of the transaction-level advisory locks on concurrency keys ("pgtk"); the second
-#: is ``hashtext(key)``. Fixed by migration 0006.
+#: is ``hashtext(key)``. See ``sql/claim.sql``.
 KEY_LOCK_NAMESPACE = 0x7067746B
 #: Column the plain claim adds to its rows when it also reports whether the controlled claim
 #: is needed.

@@ -2,8 +2,8 @@
 
 Linking is all the enqueuing side does: every parent is counted as not ended, and the
 deferred check at the enqueuing transaction's commit (``pgtasks_member_committing()``,
-migration 0013) counts off, under a lock, those that had already ended. The release is the
-database's, in the transaction that ends a task's last parent; see
+``sql/workflows.sql``) counts off, under a lock, those that had already ended. The release
+after a parent's end is :mod:`django_pgtasks.lifecycle.release`'s; see
 :mod:`django_pgtasks.models.dependencies` for the whole mechanism and why it is exact.
 """
 

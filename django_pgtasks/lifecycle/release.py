@@ -1,7 +1,7 @@
 """The release of a workflow's children, after their parent's end, in bounded batches.
 
 A task with dependents that ends leaves a *mark* (``pgtasks_pending_release``, written by the
-database in the transaction of its end: migration 0016) and wakes the workers. The release
+database in the transaction of its end: ``sql/workflows.sql``) and wakes the workers. The release
 itself is done here, outside that transaction: each call of :func:`release_some` locks due
 marks (``SKIP LOCKED``: workers share the work) and resolves at most ``batch`` of their edges
 in one short transaction, so a fan-out of 100,000 children is a hundred transactions of a

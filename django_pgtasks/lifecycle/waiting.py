@@ -2,7 +2,7 @@
 
 A waiter does not poll the task table in a tight loop. It opens a connection of its own,
 ``LISTEN``s on the channel ``pgtasks_finished``, marks the task ``awaited`` and sleeps; the
-trigger of migration 0007 sends ``NOTIFY pgtasks_finished, '<id>'`` when an awaited task
+trigger of ``sql/notify.sql`` sends ``NOTIFY pgtasks_finished, '<id>'`` when an awaited task
 reaches an end state, at the commit that records it. Tasks nobody waits for never notify, so
 workers pay nothing for this (the trigger's WHEN clause is false for them).
 

@@ -5,14 +5,16 @@ group: :mod:`django_pgtasks.patterns.workflows`) starts ``WAITING``, outside the
 index's range. It has one :class:`Dependency` row per parent and one :class:`WorkflowMember`
 row that counts the parents that have not ended yet (``remaining``).
 
-The release is done by the database, in the transaction that ends the last parent, whatever
-ends it (a worker's outcome, the rescue, a cancel, an operator's action, a deletion): a
-trigger on the task table (migration 0013) fires only for rows with ``has_dependents`` whose
-state crosses between not ended and ended. It records the parent's end on its edges, counts
-them off the children (the member rows serialize concurrent ends of one child's parents), and
-settles each child left with none: ``READY``, or by its ``on_parent_failure`` policy
-``CANCELLED`` (skip) or ``FAILED`` (fail) when a parent did not succeed — an end its own
-children see in turn. A parent that is requeued after it ended re-opens its children.
+A parent's end, whatever ends it (a worker's outcome, the rescue, a cancel, an operator's
+action, a deletion), leaves a :class:`PendingRelease` mark in its own transaction: a trigger
+on the task table (``sql/workflows.sql``) fires only for rows with ``has_dependents`` that
+end. The workers then release the children in bounded batches
+(:mod:`django_pgtasks.lifecycle.release`): each edge records how its parent ended and is
+counted off its child (the member rows serialize concurrent releases of one child's parents),
+and each child left with none is settled: ``READY``, or by its ``on_parent_failure`` policy
+``CANCELLED`` (skip) or ``FAILED`` (fail) when a parent did not succeed — an end that leaves
+a mark for its own children in turn. A parent that is requeued after it ended re-opens its
+whole downstream.
 
 Why a child never misses a parent's end, although it may be enqueued while that parent is
 finishing on a worker, with neither transaction seeing the other's writes: a deferred
@@ -21,8 +23,8 @@ parents enqueued in the same transaction cannot end before it commits) runs at t
 transaction's commit. It locks
 the parents still counted (in id order), flags them ``has_dependents``, and counts off those
 that ended meanwhile. A worker ending one of those parents either ended it before (seen here,
-under the lock) or waits for this commit, microseconds away, and its trigger then reads the
-committed edges with a fresh snapshot. The web request that enqueues is never waited for
+under the lock) or waits for this commit, microseconds away, and its mark then finds the
+committed edges (a release reads them with a fresh snapshot). The web request that enqueues is never waited for
 during its transaction, only at its commit.
 """
 

@@ -5,7 +5,7 @@ Enqueue is on the hot path of every web request that starts work, so it does not
 enqueueing is written here instead, with the columns an enqueue sets; the database fills in
 the rest (defaults and ``db_default``). They write into the live partition of the task table
 (migration 0014), where a new task belongs: no routing, and the key's unique index is there.
-A single task goes through a function of the database (migration 0015), many through
+A single task goes through a function of the database (``sql/enqueue.sql``), many through
 ``COPY``.
 ``Task.objects.enqueue()`` still sends ``pre_save`` and ``post_save`` for a task without a
 key, as ``save()`` did, when they have receivers.
@@ -28,7 +28,7 @@ from django_pgtasks.base.schema import ID_SEQUENCE, LIVE_TABLE
 from django_pgtasks.lifecycle.rows import fast_cursor
 from django_pgtasks.models.status import Status
 
-# One task without a key: the INSERT of migration 0015's pgtasks_enqueue_one() (a PL/pgSQL
+# One task without a key: the INSERT of pgtasks_enqueue_one() (sql/enqueue.sql) (a PL/pgSQL
 # function keeps its plan for the session, where a plain INSERT would be planned anew on
 # every call, Django preparing nothing on the server). run_after is the given time, else the
 # delay in seconds from the statement's time, else that time itself.

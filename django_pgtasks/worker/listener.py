@@ -1,6 +1,6 @@
 """Instant wake-ups: LISTEN for new work on a dedicated connection.
 
-Triggers on the task table (migration 0004) notify the channel ``pgtasks`` at commit whenever
+Triggers on the task table (``sql/notify.sql``) notify the channel ``pgtasks`` at commit whenever
 a task becomes claimable (payload: its queue) or pending for later (payload:
 ``"<queue>@<seconds from now>"``). A :class:`Listener` thread per worker process receives them
 and sets the worker's wake-up event, so an idle worker starts a new task within milliseconds
@@ -8,7 +8,7 @@ instead of at its next poll, and sleeps until the earliest delayed task it heard
 polling for it. The worker still polls every ``POLL_INTERVAL`` seconds as a safety net:
 notifications are lost while nobody listens, and not all poolers pass them through.
 
-The listener of a worker also LISTENs on ``pgtasks_cancel``: a trigger (migration 0007)
+The listener of a worker also LISTENs on ``pgtasks_cancel``: a trigger (``sql/notify.sql``)
 notifies it with ``"<task id> <worker id>"`` when a running task is asked to stop, and the
 listener hands the ids meant for its worker to ``on_cancel``. A lost notification delays the
 stop until the worker's next heartbeat, which looks for such requests too.
@@ -40,7 +40,7 @@ CHANNEL = "pgtasks"
 #: Requests to stop running tasks: ``"<task id> <worker id>"``.
 CANCEL_CHANNEL = "pgtasks_cancel"
 #: The payload on ``pgtasks`` of a task with dependents that ended: a release is due
-#: (migration 0016). No queue name starts with ``@``.
+#: (``sql/workflows.sql``). No queue name starts with ``@``.
 RELEASE_PAYLOAD = "@release"
 #: Delayed tasks a listener keeps track of; beyond that the poll finds them.
 MAX_REMEMBERED = 10_000

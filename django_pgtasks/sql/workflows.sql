@@ -1,0 +1,277 @@
+-- Workflows: a parent's end leaves a release mark; workers release its children in bounded
+-- batches (django_pgtasks.lifecycle.release); an operator's retry re-opens the downstream; the
+-- commit-time check of a child enqueued after its parents.
+--
+-- The current definition of each function and trigger of this concern. Migrations apply
+-- frozen copies; tests/integration/test_sql.py checks that a migrated database has exactly
+-- these. Each definition starts with its `-- name:` line.
+
+-- name: function pgtasks_mark_release
+CREATE OR REPLACE FUNCTION pgtasks_mark_release(p_parent bigint, p_status text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pgtasks_dependency WHERE parent_id = p_parent AND NOT resolved)
+    THEN
+        INSERT INTO pgtasks_pending_release AS r (parent_id, parent_status, created_at, due_at,
+                                                  failures, last_error)
+        VALUES (p_parent, p_status, statement_timestamp(), statement_timestamp(), 0, '')
+        ON CONFLICT (parent_id) DO UPDATE SET parent_status = EXCLUDED.parent_status,
+                                              due_at = EXCLUDED.due_at;
+        PERFORM pg_notify('pgtasks', '@release');
+    END IF;
+END
+$function$;
+
+-- name: function pgtasks_release
+CREATE OR REPLACE FUNCTION pgtasks_release(p_parents bigint[], p_limit integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_children bigint[];
+    v_count integer;
+    v_settled bigint[];
+    v_ready bigint[];
+BEGIN
+    WITH picked AS (
+        SELECT d.id, r.parent_status
+        FROM pgtasks_pending_release r
+        CROSS JOIN LATERAL (
+            SELECT e.id FROM pgtasks_dependency e
+            WHERE e.parent_id = r.parent_id AND NOT e.resolved
+            LIMIT p_limit) d
+        WHERE r.parent_id = ANY (p_parents)
+        LIMIT p_limit
+    ), resolved AS (
+        UPDATE pgtasks_dependency e SET resolved = true, parent_status = p.parent_status
+        FROM picked p WHERE e.id = p.id AND NOT e.resolved
+        RETURNING e.child_id
+    )
+    SELECT array_agg(child_id ORDER BY child_id) INTO v_children FROM resolved;
+    v_count := coalesce(cardinality(v_children), 0);
+    IF v_count > 0 THEN
+        PERFORM 1 FROM pgtasks_workflow_member
+        WHERE task_id = ANY (v_children) ORDER BY task_id FOR NO KEY UPDATE;
+        WITH lowered AS (
+            UPDATE pgtasks_workflow_member m SET remaining = m.remaining - c.n
+            FROM (SELECT child AS task_id, count(*)::integer AS n
+                  FROM unnest(v_children) AS child GROUP BY child) c
+            WHERE m.task_id = c.task_id
+            RETURNING m.task_id, m.remaining
+        )
+        SELECT array_agg(task_id ORDER BY task_id) INTO v_settled
+        FROM lowered WHERE remaining <= 0;
+        IF v_settled IS NOT NULL THEN
+            -- The common case in one statement: children whose parents all succeeded (or
+            -- that run anyway) become READY.
+            WITH ready AS (
+                UPDATE pgtasks_task t SET status = 'READY', finished_at = NULL,
+                                          updated_at = statement_timestamp()
+                FROM pgtasks_workflow_member m
+                WHERE m.task_id = ANY (v_settled) AND t.id = m.task_id
+                  AND t.status = 'WAITING'
+                  AND (m.on_parent_failure = 'run' OR NOT EXISTS (
+                      SELECT 1 FROM pgtasks_dependency d
+                      WHERE d.child_id = m.task_id
+                        AND d.parent_status IS DISTINCT FROM 'SUCCESSFUL'))
+                RETURNING t.id
+            )
+            SELECT array_agg(id) INTO v_ready FROM ready;
+            -- The others end by their policy, each naming the parent that did not succeed.
+            v_settled := ARRAY(SELECT unnest(v_settled)
+                               EXCEPT SELECT unnest(coalesce(v_ready, '{}')));
+            IF cardinality(v_settled) > 0 THEN
+                PERFORM pgtasks_settle(v_settled);
+            END IF;
+        END IF;
+    END IF;
+    DELETE FROM pgtasks_pending_release r
+    WHERE r.parent_id = ANY (p_parents)
+      AND NOT EXISTS (SELECT 1 FROM pgtasks_dependency e
+                      WHERE e.parent_id = r.parent_id AND NOT e.resolved);
+    RETURN v_count;
+END
+$function$;
+
+-- name: function pgtasks_settle
+CREATE OR REPLACE FUNCTION pgtasks_settle(p_children bigint[])
+ RETURNS void
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_child record;
+    v_failed text;
+    v_status text;
+BEGIN
+    FOR v_child IN
+        SELECT task_id, on_parent_failure FROM pgtasks_workflow_member
+        WHERE task_id = ANY (p_children) AND remaining <= 0
+        ORDER BY task_id
+    LOOP
+        SELECT 'task ' || parent_id || ' ended ' || coalesce(parent_status, 'DELETED')
+        INTO v_failed
+        FROM pgtasks_dependency
+        WHERE child_id = v_child.task_id AND parent_status IS DISTINCT FROM 'SUCCESSFUL'
+        ORDER BY child_id, parent_id LIMIT 1;
+        v_status := CASE WHEN v_failed IS NULL OR v_child.on_parent_failure = 'run' THEN 'READY'
+                         WHEN v_child.on_parent_failure = 'fail' THEN 'FAILED'
+                         ELSE 'CANCELLED' END;
+        UPDATE pgtasks_task SET
+            status = v_status,
+            finished_at = CASE WHEN v_status = 'READY' THEN NULL
+                               ELSE statement_timestamp() END,
+            error_text = CASE WHEN v_status = 'READY' THEN error_text
+                              ELSE 'django_pgtasks.exceptions.ParentFailed: a task it depends '
+                                   || 'on did not succeed (' || v_failed || ').' END,
+            updated_at = statement_timestamp()
+        WHERE id = v_child.task_id AND status = 'WAITING';
+    END LOOP;
+END
+$function$;
+
+-- name: function pgtasks_resolve_child
+CREATE OR REPLACE FUNCTION pgtasks_resolve_child(p_child bigint, p_parents bigint[], p_statuses text[])
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_count integer;
+    v_remaining integer;
+BEGIN
+    WITH resolved AS (
+        UPDATE pgtasks_dependency e SET resolved = true, parent_status = p.status
+        FROM unnest(p_parents, p_statuses) AS p(id, status)
+        WHERE e.child_id = p_child AND e.parent_id = p.id AND NOT e.resolved
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_count FROM resolved;
+    IF v_count > 0 THEN
+        UPDATE pgtasks_workflow_member SET remaining = remaining - v_count
+        WHERE task_id = p_child
+        RETURNING remaining INTO v_remaining;
+        IF v_remaining <= 0 THEN
+            PERFORM pgtasks_settle(ARRAY[p_child]);
+        END IF;
+    END IF;
+END
+$function$;
+
+-- name: function pgtasks_reopen
+CREATE OR REPLACE FUNCTION pgtasks_reopen(p_parents bigint[])
+ RETURNS void
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_todo bigint[] := coalesce(p_parents, '{}');
+    v_parent bigint;
+    v_children bigint[];
+    v_next bigint[];
+BEGIN
+    WHILE cardinality(v_todo) > 0 LOOP
+        v_parent := v_todo[1];
+        v_todo := v_todo[2:];
+        DELETE FROM pgtasks_pending_release WHERE parent_id = v_parent;
+        WITH reopened AS (
+            UPDATE pgtasks_dependency SET resolved = false, parent_status = NULL
+            WHERE parent_id = v_parent AND resolved
+            RETURNING child_id
+        )
+        SELECT array_agg(child_id ORDER BY child_id) INTO v_children FROM reopened;
+        CONTINUE WHEN v_children IS NULL;
+        UPDATE pgtasks_workflow_member SET remaining = remaining + 1
+        WHERE task_id = ANY (v_children);
+        WITH waiting AS (
+            UPDATE pgtasks_task SET
+                status = 'WAITING', attempt = 0, interruptions = 0, started_at = NULL,
+                finished_at = NULL, error_text = '', result = NULL, cancel_requested = false,
+                updated_at = statement_timestamp()
+            WHERE id = ANY (v_children)
+              AND status IN ('READY', 'AWAITING_RETRY', 'SUCCESSFUL', 'FAILED', 'CANCELLED')
+            RETURNING id, has_dependents
+        )
+        SELECT array_agg(id ORDER BY id) INTO v_next FROM waiting WHERE has_dependents;
+        IF v_next IS NOT NULL THEN
+            v_todo := v_todo || v_next;
+        END IF;
+    END LOOP;
+END
+$function$;
+
+-- name: function pgtasks_parent_changed
+CREATE OR REPLACE FUNCTION pgtasks_parent_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF NOT EXISTS (SELECT 1 FROM pgtasks_task WHERE id = OLD.id) THEN
+            PERFORM pgtasks_mark_release(OLD.id, 'DELETED');
+        END IF;
+    ELSIF NEW.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED') THEN
+        PERFORM pgtasks_mark_release(NEW.id, NEW.status::text);
+    ELSE
+        PERFORM pgtasks_reopen(ARRAY[NEW.id]);
+    END IF;
+    RETURN NULL;
+END
+$function$;
+
+-- name: function pgtasks_member_committing
+CREATE OR REPLACE FUNCTION pgtasks_member_committing()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_parents bigint[];
+    v_locked bigint[];
+    v_tries integer := 0;
+BEGIN
+    v_parents := ARRAY(
+        SELECT d.parent_id FROM pgtasks_dependency d
+        WHERE d.child_id = NEW.task_id AND NOT d.resolved);
+    LOOP
+        BEGIN
+            v_locked := ARRAY(
+                SELECT t.id FROM pgtasks_task t WHERE t.id = ANY (v_parents)
+                ORDER BY t.id
+                FOR NO KEY UPDATE OF t);
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            v_tries := v_tries + 1;
+            IF v_tries > 100 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    UPDATE pgtasks_task SET has_dependents = true
+    WHERE id = ANY (v_locked) AND NOT has_dependents;
+    PERFORM pgtasks_resolve_child(NEW.task_id, array_agg(t.id), array_agg(t.status::text))
+    FROM pgtasks_task t
+    WHERE t.id = ANY (v_locked) AND t.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+    HAVING count(*) > 0;
+    PERFORM pgtasks_resolve_child(NEW.task_id, array_agg(d.parent_id),
+                                  array_agg('DELETED'::text))
+    FROM pgtasks_dependency d
+    WHERE d.child_id = NEW.task_id AND NOT d.resolved AND NOT (d.parent_id = ANY (v_locked))
+    HAVING count(*) > 0;
+    RETURN NULL;
+END
+$function$;
+
+-- name: trigger pgtasks_task_parent_deleted on pgtasks_task_live
+CREATE TRIGGER pgtasks_task_parent_deleted AFTER DELETE ON pgtasks_task_live
+    FOR EACH ROW
+    WHEN (OLD.has_dependents)
+    EXECUTE FUNCTION pgtasks_parent_changed();
+
+-- name: trigger pgtasks_member_committing on pgtasks_workflow_member
+CREATE CONSTRAINT TRIGGER pgtasks_member_committing AFTER INSERT ON pgtasks_workflow_member
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (NEW.remaining > 0 AND NEW.outside_parents)
+    EXECUTE FUNCTION pgtasks_member_committing();
