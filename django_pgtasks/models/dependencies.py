@@ -24,8 +24,8 @@ transaction's commit. It locks
 the parents still counted (in id order), flags them ``has_dependents``, and counts off those
 that ended meanwhile. A worker ending one of those parents either ended it before (seen here,
 under the lock) or waits for this commit, microseconds away, and its mark then finds the
-committed edges (a release reads them with a fresh snapshot). The web request that enqueues is never waited for
-during its transaction, only at its commit.
+committed edges (a release reads them with a fresh snapshot). The web request that enqueues
+is never waited for during its transaction, only at its commit.
 """
 
 from __future__ import annotations
