@@ -23,7 +23,7 @@ def test_without_a_pool_every_thread_counts() -> None:
     assert connections_per_process(25) == 29
     # The example of the docs: more than PostgreSQL's default max_connections = 100.
     assert connections_needed(4, 25, {"ENGINE": "django.db.backends.postgresql"}) == 116
-    assert connections_needed(1, 4) == 7
+    assert connections_needed(1, 4) == 8
 
 
 @pytest.mark.parametrize(
@@ -46,10 +46,10 @@ def test_pool_size_as_django_and_psycopg_read_the_options(options: dict, size: i
 
 def test_a_pool_caps_what_the_threads_of_a_process_hold() -> None:
     pooled = {"OPTIONS": {"pool": {"min_size": 2, "max_size": 8}}}
-    assert connections_needed(4, 25, pooled) == 4 * (3 + 8)
+    assert connections_needed(4, 25, pooled) == 4 * (4 + 8)
     # A pool larger than the thread count changes nothing: threads only take what they use.
-    assert connections_needed(4, 3, pooled) == 4 * (3 + 3)
-    assert connections_needed(2, 30, {"OPTIONS": {"pool": True}}) == 2 * (3 + 4)
+    assert connections_needed(4, 3, pooled) == 4 * (4 + 3)
+    assert connections_needed(2, 30, {"OPTIONS": {"pool": True}}) == 2 * (4 + 4)
     assert pool_max_size({}) is None  # no OPTIONS at all
 
 
@@ -60,9 +60,9 @@ def test_available_connections_leave_the_reserved_slots_out() -> None:
 
 
 def test_advice_names_the_largest_setting_that_fits() -> None:
-    text = advice("default", 4, 97)  # 97 // 4 = 24 per process, 3 of them the process's own
-    assert "at most 21 thread(s) per process" in text
-    assert "{'pool': {'max_size': 21}}" in text
+    text = advice("default", 4, 97)  # 97 // 4 = 24 per process, 4 of them the process's own
+    assert "at most 20 thread(s) per process" in text
+    assert "{'pool': {'max_size': 20}}" in text
     assert "max_connections" in text
     assert text.endswith(".")
     assert "fewer processes" in advice("default", 50, 97)  # 1 per process: not even the three
@@ -85,13 +85,13 @@ def server_limits() -> tuple[int, int]:
 @pytest.mark.slow
 def test_run_pgtasks_warns_at_start_when_its_processes_cannot_all_connect(run_command) -> None:
     max_connections, available = server_limits()
-    assert available < 4 * 33, "the test expects a server that cannot take 132 clients"
+    assert available < 4 * 34, "the test expects a server that cannot take 136 clients"
     result = run_command("run_pgtasks", "--burst", "--processes", "4", "--concurrency", "30")
     assert result.returncode == 0, result.stderr
     [line] = [line for line in result.stderr.splitlines() if "Connection budget" in line]
     assert " WARNING " in line
     assert (f"Connection budget exceeded: database=default processes=4 concurrency=30 need "
-            f"up to 132 connections, but the server accepts {available} "
+            f"up to 136 connections, but the server accepts {available} "
             f"(max_connections={max_connections} minus") in line
     assert advice("default", 4, available) in line
 
