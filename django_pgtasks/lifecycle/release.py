@@ -68,6 +68,9 @@ class Turn:
     failed: list[int] = field(default_factory=list)
     #: Whether marks may still be due (call again).
     more: bool = False
+    #: Whether the batch ran out of time (a statement timeout): the caller should take
+    #: smaller batches for a while.
+    timed_out: bool = False
 
 
 def release_some(using: str, batch: int = BATCH) -> Turn:
@@ -82,6 +85,7 @@ def release_some(using: str, batch: int = BATCH) -> Turn:
             raise
         logger.warning("Releasing the dependents of ended tasks failed (%s); isolating the "
                        "failing release.", _first_line(exc))
+        turn.timed_out = _timed_out(exc)
         _isolate(using, batch, turn)
         turn.more = True
         return turn

@@ -32,6 +32,7 @@ class Releaser:
         self.using = using
         self.interval = interval
         self.batch = batch
+        self.max_batch = batch
         #: Edges this releaser resolved (for tests and logs).
         self.released = 0
         self._wake = threading.Event()
@@ -52,6 +53,14 @@ class Releaser:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def _adapt(self, turn: release.Turn) -> None:
+        """Smaller batches after one ran out of time (a loaded server, a short
+        ``statement_timeout``), growing back to the full size while they succeed."""
+        if turn.timed_out:
+            self.batch = max(self.batch // 2, release.MIN_BATCH)
+        elif turn.edges >= self.batch:
+            self.batch = min(self.batch + self.batch // 4 + 1, self.max_batch)
+
     def _run(self) -> None:
         pause = ERROR_PAUSE
         try:
@@ -60,6 +69,7 @@ class Releaser:
                     while not self._stopped.is_set():
                         turn = release.release_some(self.using, self.batch)
                         self.released += turn.edges
+                        self._adapt(turn)
                         if not turn.more:
                             break
                     pause = ERROR_PAUSE
