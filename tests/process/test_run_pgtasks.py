@@ -277,3 +277,43 @@ def test_the_console_shows_each_state_of_a_django_task_once(run_command) -> None
             assert len(lines) == 1, result.stderr
             assert "name=tests.testapp.dj_tasks." in lines[0], result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_sigterm_counts_the_running_tasks_not_the_prefetched_ones(start_command,
+                                                                  tmp_path) -> None:
+    gate = tmp_path / "gate"
+    started = [tmp_path / f"started-{i}" for i in range(3)]
+    Task.objects.enqueue_many(tasks.waits_for.build(str(gate), 60, str(path))
+                              for path in started)
+    process = start_command("run_pgtasks", "--concurrency", "2", "--prefetch", "1",
+                            "--worker-id", "counting")
+    out = Output(process)
+    wait_until(lambda: Task.objects.held_by("counting").count() == 3
+               and sum(path.exists() for path in started) == 2,
+               what="two running tasks and one prefetched")
+    process.send_signal(signal.SIGTERM)
+    out.wait_for("SIGTERM received: finishing")
+    gate.touch()
+    assert process.wait(timeout=60) == 0, out.text
+    assert "SIGTERM received: finishing 2 running task(s)" in out.text, out.text
+    assert "gave back 1 prefetched task(s)" in out.text, out.text
+
+
+def test_a_second_signal_still_prints_the_outcome_of_every_recorded_task(start_command,
+                                                                        tmp_path) -> None:
+    marker = tmp_path / "started"
+    quick = Task.objects.enqueue(tasks.add, 1, 2)
+    Task.objects.enqueue(tasks.waits_for, str(tmp_path / "never"), 60, str(marker))
+    process = start_command("run_pgtasks", "--concurrency", "1", "--prefetch", "0",
+                            "--shutdown-grace", "120", "--worker-id", "twice")
+    out = Output(process)
+    wait_until(lambda: marker.exists()
+               and Task.objects.get(pk=quick.pk).status == Status.SUCCESSFUL,
+               what="the quick task recorded and the long one running")
+    process.send_signal(signal.SIGINT)
+    out.wait_for("SIGINT received")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) == 1, out.text
+    line = rf"Task id={quick.pk} name=tests.testapp.tasks.add queue=default state=SUCCESSFUL"
+    assert re.search(line, out.text), out.text
+    assert out.text.index("state=SUCCESSFUL") < out.text.index("Worker twice stopped"), out.text
