@@ -235,11 +235,12 @@ def test_a_task_raising_system_exit_in_burst_mode_lets_the_worker_out_at_once(
         start_command) -> None:
     from tests.testapp import dj_tasks
 
-    exiting = [Task.objects.enqueue(tasks.exits).pk, int(dj_tasks.exits.enqueue().id)]
+    exiting = [Task.objects.enqueue(tasks.exits).pk, int(dj_tasks.exits.enqueue().id),
+               Task.objects.enqueue(tasks.async_exits).pk]
     others = Task.objects.enqueue_many(tasks.add.build(i, i) for i in range(5))
     process = start_command("run_pgtasks", "--burst")
     out = Output(process)
-    wait_until(lambda: Task.objects.filter(pk__in=exiting, status=Status.FAILED).count() == 2
+    wait_until(lambda: Task.objects.filter(pk__in=exiting, status=Status.FAILED).count() == 3
                and Task.objects.succeeded().count() == len(others),
                what="every task to be recorded")
     emptied = time.monotonic()
