@@ -95,8 +95,7 @@ class Callbacks:
     hangs holds up only the callbacks after it. The thread starts with the first callback.
     """
 
-    def __init__(self, name: str) -> None:
-        self._name = name
+    def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -104,7 +103,7 @@ class Callbacks:
         """Run ``func`` on the callbacks' thread, after those called before it (from one
         thread: the worker's loop)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"{self._name}-callbacks",
+            self._thread = threading.Thread(target=self._run, name="pgtasks-callbacks",
                                             daemon=True)
             self._thread.start()
         self._queue.put(func)

@@ -128,7 +128,7 @@ class Worker(Watchdog, TaskExecution):
         #: Outcomes handed in by pool threads (and the watchdog), recorded by the loop.
         self.outcomes = PendingOutcomes(s.COMPLETION_WINDOW, COMPLETION_BATCH)
         #: What follows a recorded outcome (signals, finished(), its log line), in order.
-        self.callbacks = Callbacks(self.worker_id)
+        self.callbacks = Callbacks()
         #: Pool threads hand their outcomes in (else each records its own at once).
         self.batched = s.COMPLETION_WINDOW > 0
         self._stop = threading.Event()
