@@ -125,5 +125,18 @@ class Callbacks:
                 except Exception:
                     logger.exception("Error in a callback run after a task's outcome was "
                                      "recorded.")
+                _give_back_connections()
         finally:
             connections.close_all()  # receivers may have used the database on this thread
+
+
+def _give_back_connections() -> None:
+    """Between two jobs, give back what this thread took from a connection pool
+    (``OPTIONS["pool"]``) and close a broken connection: the thread may wait long for the
+    next outcome, and the pool threads need the pooled connections meanwhile."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if (getattr(conn, "pool", None) is not None
+                or (conn.errors_occurred and not conn.is_usable())):
+            conn.close()
