@@ -320,10 +320,10 @@ def _inline_runner_class() -> type:
         def _after_task(self) -> None:
             """Keep the connection (and the test's transaction) open."""
 
-        def _finished(self, task: Any, started: float,
+        def _finished(self, task: Any, duration: float,
                       exception: BaseException | None) -> None:
             self.exception = exception
-            super()._finished(task, started, exception)
+            super()._finished(task, duration, exception)
 
     return InlineRunner
 

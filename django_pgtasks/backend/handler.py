@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
@@ -19,6 +18,7 @@ from django_pgtasks.base.compat import (
     task_finished,
     task_started,
 )
+from django_pgtasks.base.console import worker_state_signal
 from django_pgtasks.base.payload import normalize_result
 from django_pgtasks.base.registry import TaskHandler
 from django_pgtasks.exceptions import (
@@ -40,35 +40,13 @@ from django_pgtasks.backend.results import (
 
 logger = logging.getLogger("django_pgtasks.backend")
 
-#: The loggers of Django's tasks framework (``django.tasks`` on Django 6, the backport's).
-FRAMEWORK_LOGGERS = ("django.tasks", "django_tasks")
-#: The receivers with which Django logs ``task_started``/``task_finished``.
-FRAMEWORK_STATE_LOGGERS = frozenset({"log_task_started", "log_task_finished"})
 
-_sending = threading.local()
-
-
-class _OneLinePerState(logging.Filter):
-    """Drops the line Django's own receivers of ``task_started``/``task_finished`` log while
-    the worker sends those signals: the worker logs each state change of every task itself,
-    once, with its attempt, duration and error (``django_pgtasks.worker``)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (getattr(_sending, "state", False)
-                    and record.funcName in FRAMEWORK_STATE_LOGGERS)
-
-
-for _name in FRAMEWORK_LOGGERS:
-    logging.getLogger(_name).addFilter(_OneLinePerState())
-
-
-def _send_quietly(signal: Any, sender: type, result: TaskResult) -> None:
-    """``signal.send_robust()`` without Django's log line of the state change."""
-    _sending.state = True
-    try:
+def _send_state(signal: Any, sender: type, result: TaskResult) -> None:
+    """``signal.send_robust()``: Django's receivers log the state change on its logger as
+    they would with any backend; ``run_pgtasks``'s console shows the worker's line of it
+    only (:mod:`django_pgtasks.base.console`)."""
+    with worker_state_signal():
         signal.send_robust(sender=sender, task_result=result)
-    finally:
-        _sending.state = False
 
 
 #: Attribute of a claimed row that carries its run (the Django task and its result) from
@@ -133,7 +111,7 @@ class DjangoTaskHandler(TaskHandler):
         except Exception:
             return
         task.__dict__[_RUN_ATTR] = run
-        _send_quietly(task_started, type(run.backend), run.result)
+        _send_state(task_started, type(run.backend), run.result)
 
     def call(self, task: TaskRow, worker_id: str) -> Any:
         """Run the Django task with the row's arguments; return its value as plain JSON."""
@@ -173,7 +151,7 @@ class DjangoTaskHandler(TaskHandler):
         run = task.__dict__.pop(_RUN_ATTR, None)
         result = _finished_result(run, task, exception) if run is not None else None
         if result is not None:
-            _send_quietly(task_finished, type(run.backend), result)
+            _send_state(task_finished, type(run.backend), result)
 
 
 def _retry_decision(run: _Run, row: TaskRow, exc: BaseException) -> float | None:

@@ -6,13 +6,13 @@ for nothing but that. Instead a pool thread hands its task's outcome in here and
 worker's loop, on the connection it already has for claims, records everything handed in
 within ``COMPLETION_WINDOW`` seconds (at most ``COMPLETION_BATCH`` per statement) through its
 :class:`~django_pgtasks.lifecycle.recorder.Recorder`, which splits a batch the database refuses
-so
-only the culprit fails. The handler's callbacks then run on a pool thread again.
+so only the culprit fails. What follows an outcome (the handler's ``finished()``, the signals, the
+log line) then runs at once on a thread of its own (:class:`Callbacks`).
 
 So a worker's own work needs four connections whatever its number of threads: the loop's
 (claims, outcomes), the watchdog's (liveness, notifications), the maintainer's (rescue,
 partitions, purge, scheduler) and the releaser's (workflow children). A pool thread opens
-one only if its handler uses the database.
+one only if its handler uses the database, the callbacks' thread only if a receiver does.
 
 The trade-off, and why it only applies to the default (at-least-once) mode: an outcome that
 is waiting in the window when the worker process dies is not recorded, so that task is
@@ -25,12 +25,18 @@ its own thread at once.
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from django.db import connections
+
 from django_pgtasks.lifecycle.transitions import Outcome
+
+logger = logging.getLogger("django_pgtasks.worker")
 
 #: An outcome handed in, what to call once it is recorded (with the task's new status: ``""``
 #: if it was no longer held, ``None`` if nothing could be recorded), and when it came.
@@ -77,3 +83,60 @@ class PendingOutcomes:
     def forget(self, entries: list[Entry]) -> None:
         with self._lock:
             self._ids.difference_update(task.pk for task, *_ in entries)
+
+
+class Callbacks:
+    """The thread that runs what follows a recorded outcome (the handler's ``finished()``,
+    the signals, the outcome's log line), in the order the outcomes were recorded.
+
+    Not the pool's threads: with every one of them in a long handler, a quick task's
+    callbacks would wait for the first to come free, seconds or hours after its outcome was
+    recorded. Not the loop's thread: a slow receiver would hold up claims. A receiver that
+    hangs holds up only the callbacks after it. The thread starts with the first callback.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def call(self, func: Callable[[], object]) -> None:
+        """Run ``func`` on the callbacks' thread, after those called before it (from one
+        thread: the worker's loop)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pgtasks-callbacks",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.put(func)
+
+    def stop(self, timeout: float) -> bool:
+        """Run what was called, then end the thread; ``False`` if it is still running after
+        ``timeout`` seconds (a receiver that hangs: the thread is a daemon, left behind)."""
+        if self._thread is None:
+            return True
+        self._queue.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            while (func := self._queue.get()) is not None:
+                try:
+                    func()
+                except Exception:
+                    logger.exception("Error in a callback run after a task's outcome was "
+                                     "recorded.")
+                _give_back_connections()
+        finally:
+            connections.close_all()  # receivers may have used the database on this thread
+
+
+def _give_back_connections() -> None:
+    """Between two jobs, give back what this thread took from a connection pool
+    (``OPTIONS["pool"]``) and close a broken connection: the thread may wait long for the
+    next outcome, and the pool threads need the pooled connections meanwhile."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if (getattr(conn, "pool", None) is not None
+                or (conn.errors_occurred and not conn.is_usable())):
+            conn.close()

@@ -107,10 +107,13 @@ class TaskExecution:
                 return
             task_started.send(sender=Task, task=task, worker_id=self.worker_id)
             handler.started(task, self.worker_id)
+            # The run's duration (log line, task_finished, the metrics' histogram): the
+            # handler's run, not the signals before it nor the wait for its recording after.
+            began = time.monotonic()
             if handler.atomic:
-                self._run_atomic(task, handler, started)
+                self._run_atomic(task, handler, began)
             else:
-                self._run(task, handler, started)
+                self._run(task, handler, began)
             self._ran(time.monotonic() - started)
         finally:
             self._after_task()
@@ -156,6 +159,7 @@ class TaskExecution:
     def _succeed_with_followups(self, task: Task, handler: TaskHandler, result: Any,
                                 started: float) -> None:
         """The success and the next pipeline stages, in one transaction."""
+        duration = time.monotonic() - started
 
         def succeed() -> dict[int, str]:
             with transaction.atomic(using=self.using):
@@ -173,7 +177,7 @@ class TaskExecution:
         status = None if written is None else written.get(task.pk, "")
         if status is None:
             self._lost_outcomes()
-        self._finished_run(task, handler, started, status, Succeeded(result), None)
+        self._finished_run(task, handler, duration, status, Succeeded(result), None)
 
     def _run_atomic(self, task: Task, handler: TaskHandler, started: float) -> None:
         """Exactly-once mode: the handler's writes and the completion commit together."""
@@ -188,12 +192,13 @@ class TaskExecution:
             logger.warning("Task id=%s name=%s was no longer held by worker %s when it "
                            "finished; its writes were rolled back.", task.pk, task.name,
                            self.worker_id)
-            self._finished_run(task, handler, started, "", None, exc)
+            self._finished_run(task, handler, time.monotonic() - started, "", None, exc)
             return
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
             self._end(task, handler, started, self._outcome_of(task, handler, exc), exc)
             return
-        self._finished_run(task, handler, started, Status.SUCCESSFUL, Succeeded(result), None)
+        self._finished_run(task, handler, time.monotonic() - started, Status.SUCCESSFUL,
+                           Succeeded(result), None)
 
     def _call(self, handler: TaskHandler, task: Task) -> Any:
         """Run the handler for ``task`` (the hook the in-test runner wraps)."""
@@ -232,10 +237,12 @@ class TaskExecution:
     def _end(self, task: Task, handler: TaskHandler | None, started: float, outcome: Outcome,
              exc: BaseException | None) -> None:
         """Hand ``outcome`` in to be recorded by the loop (or, unbatched, record it on this
-        thread), then run the callbacks once it is recorded."""
+        thread), then run the callbacks once it is recorded. ``started``: when the handler
+        began; its run ends now."""
+        duration = time.monotonic() - started
 
         def done(status: str | None) -> None:
-            self._finished_run(task, handler, started, status, outcome, exc)
+            self._finished_run(task, handler, duration, status, outcome, exc)
 
         if self.batched:
             self._hand_in(task, outcome, done)
@@ -263,12 +270,13 @@ class TaskExecution:
                                                 f"{exc}"), None)
         self._hand_in(task, outcome, lambda status: end_run(task, status, outcome, exc))
 
-    def _finished_run(self, task: Task, handler: TaskHandler | None, started: float,
+    def _finished_run(self, task: Task, handler: TaskHandler | None, duration: float,
                       status: str | None, outcome: Outcome | None,
                       exc: BaseException | None) -> None:
         """After the outcome was recorded (``status``: the task's new state; ``""`` or
         ``None``: nothing recorded): update the in-memory task, call the handler's
-        ``finished()`` and send ``task_finished``."""
+        ``finished()`` and send ``task_finished``. ``duration``: the handler's run, in
+        seconds."""
         end_run(task, status, outcome, exc)
         if status:
             task.status = status
@@ -284,15 +292,14 @@ class TaskExecution:
             except Exception:
                 logger.exception("Task id=%s: error in the handler's finished() callback.",
                                  task.pk)
-        self._finished(task, started, exc)
+        self._finished(task, duration, exc)
         if isinstance(exc, KeyboardInterrupt):
             # Recorded as the attempt's failure like any exception; then the worker stops the
             # way Ctrl+C stops it (pool threads cannot raise it in the main thread).
             self.request_stop(f"Task id={task.pk} raised KeyboardInterrupt")
 
-    def _finished(self, task: Task, started: float, exception: BaseException | None) -> None:
+    def _finished(self, task: Task, duration: float, exception: BaseException | None) -> None:
         """Log the outcome and send ``task_finished`` (once it is recorded)."""
-        duration = time.monotonic() - started
         logger.info(
             "Task id=%s name=%s queue=%s state=%s attempt=%d/%d duration=%.3fs%s",
             task.pk, task.name, task.queue, task.status, task.attempt, task.max_attempts,

@@ -48,7 +48,7 @@ from django_pgtasks.lifecycle.transitions import (
     Interrupted,
 )
 from django_pgtasks.models import Task
-from django_pgtasks.worker.completion import PendingOutcomes
+from django_pgtasks.worker.completion import Callbacks, PendingOutcomes
 from django_pgtasks.worker.connecting import ThreadConnections
 from django_pgtasks.worker.execution import TaskExecution
 from django_pgtasks.worker.listener import Listener
@@ -80,6 +80,9 @@ SESSION_SQL = ("SELECT set_config('lock_timeout', %s, false), "
                "set_config('statement_timeout', %s, false)")
 LOCK_TIMEOUT = "5s"
 STATEMENT_TIMEOUT = "5min"
+#: Longest wait at the end for the callbacks of recorded outcomes (their signals and log
+#: lines) to run: a receiver that hangs never keeps the process from exiting.
+CALLBACKS_STOP_WAIT = 5.0
 
 
 def default_worker_id() -> str:
@@ -124,6 +127,8 @@ class Worker(Watchdog, TaskExecution):
         self.mean_run_time: float | None = None
         #: Outcomes handed in by pool threads (and the watchdog), recorded by the loop.
         self.outcomes = PendingOutcomes(s.COMPLETION_WINDOW, COMPLETION_BATCH)
+        #: What follows a recorded outcome (signals, finished(), its log line), in order.
+        self.callbacks = Callbacks()
         #: Pool threads hand their outcomes in (else each records its own at once).
         self.batched = s.COMPLETION_WINDOW > 0
         self._stop = threading.Event()
@@ -219,6 +224,12 @@ class Worker(Watchdog, TaskExecution):
         finally:
             self.maintainer.join()
             self._record_outcomes(everything=True)
+            # The outcome lines and signals of every recorded task come before "stopped",
+            # also after a second Ctrl+C.
+            if not self.callbacks.stop(CALLBACKS_STOP_WAIT):
+                logger.warning("Worker %s: callbacks of recorded outcomes still running after "
+                               "%gs; not waiting for them.", self.worker_id,
+                               CALLBACKS_STOP_WAIT)
             self.releaser.stop()
             self._stop_watchdog(listener)  # unregisters the worker
             connections[self.using].close()
@@ -330,8 +341,8 @@ class Worker(Watchdog, TaskExecution):
 
     def _record_outcomes(self, everything: bool = False) -> None:
         """Record the outcomes handed in, once the oldest has waited ``COMPLETION_WINDOW``
-        (or a batch is full; ``everything``: all of them now), then run their callbacks on a
-        pool thread."""
+        (or a batch is full; ``everything``: all of them now), then run their callbacks on
+        the callbacks' thread (not a pool thread, which may be busy for hours)."""
         while (due := self.outcomes.due_in()) is not None and (everything or due <= 0):
             entries = self.outcomes.take()
             try:
@@ -344,11 +355,11 @@ class Worker(Watchdog, TaskExecution):
                 self.releaser.wake()  # the notification may be off or late
             if any(statuses.get(task.pk) is None for task, *_ in entries):
                 self._lost_outcomes()
-            # The batch's callbacks go to the pool as one job, not one each: a hand-off to a
-            # thread costs more than a quick callback (signals, a log line).
+            # The batch's callbacks go to their thread as one job, not one each: a hand-off to
+            # a thread costs more than a quick callback (signals, a log line).
             calls = [(done, statuses.get(task.pk)) for task, _outcome, done, _at in entries]
             if self._pool is not None:
-                self._pool.call_soon(lambda calls=calls: _call_each(calls))
+                self.callbacks.call(lambda calls=calls: _call_each(calls))
             else:
                 _call_each(calls)
 
@@ -399,10 +410,11 @@ class Worker(Watchdog, TaskExecution):
             self._force.set()
             self._wakeup.set()
         else:
+            # Started handlers only: a prefetched task goes back to the queue unstarted.
             logger.info(
                 "%s: finishing %d running task(s) (grace %.0fs); send SIGTERM or SIGINT "
                 "again to exit at once.",
-                reason, self._pool.busy if self._pool else 0, self.shutdown_grace,
+                reason, self._pool.started if self._pool else 0, self.shutdown_grace,
             )
             self.stop()
 

@@ -18,13 +18,6 @@ logger = logging.getLogger("django_pgtasks.worker")
 Task = Any
 
 
-@dataclass(frozen=True)
-class _Call:
-    """A callback queued for a pool thread (not a task: it takes no slot)."""
-
-    func: Callable[[], object]
-
-
 @dataclass
 class _Slot:
     task: Task
@@ -48,8 +41,7 @@ class ThreadPool:
                  on_crash: Callable[[Task, BaseException], None] | None = None) -> None:
         self._target = target
         self._on_crash = on_crash
-        self._queue: queue.SimpleQueue[Task | _Call | None] = queue.SimpleQueue()
-        self._closed = False
+        self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._running: dict[int, _Slot] = {}
         self._lock = threading.Lock()
         self._slot_freed = slot_freed
@@ -74,6 +66,13 @@ class ThreadPool:
     def busy(self) -> int:
         """Tasks submitted and not finished (or abandoned) yet."""
         return len(self._running)
+
+    @property
+    def started(self) -> int:
+        """Tasks a thread has started and not finished (or abandoned): :attr:`busy` without
+        the submitted tasks still waiting for a thread (prefetched)."""
+        with self._lock:
+            return sum(1 for slot in self._running.values() if slot.thread is not None)
 
     @property
     def resting(self) -> int:
@@ -112,32 +111,18 @@ class ThreadPool:
             self._running[task.pk] = _Slot(task, limit)
         self._queue.put(task)
 
-    def call_soon(self, func: Callable[[], object]) -> None:
-        """Run ``func`` on a pool thread (at once on this one once the pool is shut down).
-        Its exceptions are logged."""
-        with self._lock:
-            if not self._closed:
-                self._queue.put(_Call(func))
-                return
-        _run_call(func)
-
     def take_waiting(self) -> list[Task]:
-        """Remove and return the submitted tasks no thread has started yet (queued
-        callbacks stay queued)."""
-        taken, calls = [], []
+        """Remove and return the submitted tasks no thread has started yet."""
+        taken = []
         with self._lock:
             while True:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(item, _Call):
-                    calls.append(item)
-                elif item is not None:
+                if item is not None:
                     self._running.pop(item.pk, None)
                     taken.append(item)
-            for call in calls:
-                self._queue.put(call)
         return taken
 
     def overdue(self) -> list[tuple[Task, float]]:
@@ -158,10 +143,9 @@ class ThreadPool:
         self._slot_freed.set()
 
     def shutdown(self) -> None:
-        """Stop the threads once they ran what is queued; later callbacks run inline."""
+        """Stop the threads once they ran what is queued."""
         with self._lock:
             active = list(self._active)
-            self._closed = True
         self._closing.set()
         for _ in active:
             self._queue.put(None)
@@ -172,9 +156,6 @@ class ThreadPool:
         me = threading.current_thread()
         try:
             while (task := self._queue.get()) is not None:
-                if isinstance(task, _Call):
-                    _run_call(task.func)
-                    continue
                 with self._lock:
                     slot = self._running.get(task.pk)
                     if slot is not None:
@@ -216,9 +197,3 @@ class ThreadPool:
         finally:
             connections.close_all()
 
-
-def _run_call(func: Callable[[], object]) -> None:
-    try:
-        func()
-    except Exception:
-        logger.exception("Error in a callback run after a task's outcome was recorded.")

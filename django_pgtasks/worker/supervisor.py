@@ -30,6 +30,8 @@ from multiprocessing.connection import wait
 from types import FrameType
 from typing import Any
 
+from django_pgtasks.base.console import show_each_state_once
+
 logger = logging.getLogger("django_pgtasks.supervisor")
 
 #: A child that dies sooner than this after starting counts as a crash loop.
@@ -38,7 +40,10 @@ MAX_RESTART_PAUSE = 30.0
 
 
 def configure_logging(level: str) -> None:
-    """Send django_pgtasks logs to stderr unless the project's LOGGING already handles them."""
+    """Send django_pgtasks logs to stderr unless the project's LOGGING already handles them,
+    and show each state change of a task once on the console
+    (:mod:`django_pgtasks.base.console`)."""
+    show_each_state_once()
     logger = logging.getLogger("django_pgtasks")
     logger.setLevel(level)
     if not logger.handlers and not logging.getLogger().handlers:

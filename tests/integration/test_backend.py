@@ -363,20 +363,26 @@ def test_options_set_the_default_attempts_and_backoff(settings) -> None:
     assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 2)
 
 
-def test_each_state_change_is_logged_once(caplog) -> None:
-    # Django's tasks framework logs task_started/task_finished itself; the worker already
-    # logs every state change (with attempt, duration and error), so Django's lines are
-    # dropped while the worker sends those signals, on both Django lines.
+def test_each_state_change_is_logged_once_by_the_worker_and_once_by_django(caplog) -> None:
+    # Django's tasks framework logs task_started/task_finished itself, on its own logger,
+    # and every record reaches that logger's handlers; the worker logs every state change
+    # once more on its own (with attempt, duration and error). run_pgtasks's console shows
+    # the worker's line only (test_run_pgtasks.py::
+    # test_the_console_shows_each_state_of_a_django_task_once).
+    from django_pgtasks.base.compat import TASKS_MODULE
+
     ok = dj_tasks.add.enqueue(1, 2)
     failed = dj_tasks.fails.enqueue()
     with caplog.at_level(logging.DEBUG):
         drain()
     lines = [(r.name, r.getMessage()) for r in caplog.records if "state=" in r.getMessage()]
     for result, final in ((ok, "SUCCESSFUL"), (failed, "FAILED")):
-        mine = [(name, line) for name, line in lines if line.startswith(f"Task id={result.id} ")]
-        assert [line.split(" state=")[1].split()[0] for _, line in mine] == ["RUNNING", final]
-        assert {name for name, _ in mine} == {"django_pgtasks.worker"}
-    assert all(name.startswith("django_pgtasks") for name, _ in lines), lines
+        for logger in ("django_pgtasks.worker", TASKS_MODULE):
+            mine = [line for name, line in lines
+                    if name == logger and line.startswith(f"Task id={result.id} ")]
+            assert [line.split(" state=")[1].split()[0] for line in mine] == [
+                "RUNNING", final], (logger, lines)
+    assert {name for name, _ in lines} == {"django_pgtasks.worker", TASKS_MODULE}, lines
 
 
 def test_a_backoff_that_raises_fails_the_task_and_is_logged(settings, caplog) -> None:

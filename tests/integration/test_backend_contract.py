@@ -10,6 +10,7 @@ has (results from another process, deferral, retries, stricter JSON) is in test_
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from collections.abc import Iterator
 from datetime import datetime
@@ -381,3 +382,85 @@ def test_aenqueue_sends_task_enqueued(alias: str, signals_seen: list) -> None:
     result = async_to_sync(dj_tasks.noop.using(backend=alias).aenqueue)()
     sender = type(result.task.get_backend())
     assert signals_seen[0] == ("enqueued", sender, result.id, "READY", None)
+# Django's log records of each task (Django's tests/tasks: test_enqueue_logs,
+# test_started_finished_logs, test_failed_logs, test_complex_return_value): every record
+# Django emits on its logger reaches its handlers, also from a worker.
+
+
+@pytest.fixture
+def framework_logs(caplog: pytest.LogCaptureFixture) -> Any:
+    """The records on Django's tasks logger ("django.tasks"; the backport's "django_tasks"),
+    as (level, message, exception class) for one result id, in order."""
+    caplog.set_level(logging.DEBUG, logger=compat.TASKS_MODULE)
+
+    def of(result: Any) -> list[tuple[int, str, Any]]:
+        return [(r.levelno, r.getMessage(), r.exc_info[0] if r.exc_info else None)
+                for r in caplog.records
+                if r.name == compat.TASKS_MODULE and f"id={result.id} " in r.getMessage()]
+
+    return of
+
+
+def test_enqueue_logs(alias: str, framework_logs: Any) -> None:
+    result = dj_tasks.add.using(backend=alias).enqueue(1, 2)
+    level, message, _ = framework_logs(result)[0]
+    assert level == logging.DEBUG
+    assert "enqueued" in message
+    assert f"backend={alias}" in message
+
+
+def test_started_finished_logs(alias: str, framework_logs: Any) -> None:
+    result = run(dj_tasks.add.using(backend=alias).enqueue(1, 2))
+    assert [(level, message.rpartition(" ")[2], exc)
+            for level, message, exc in framework_logs(result)] == [
+        (logging.DEBUG, f"backend={alias}", None),
+        (logging.INFO, "state=RUNNING", None),
+        (logging.INFO, "state=SUCCESSFUL", None),
+    ]
+    assert "path=tests.testapp.dj_tasks.add" in framework_logs(result)[1][1]
+
+
+def test_failed_logs(alias: str, framework_logs: Any) -> None:
+    result = run(dj_tasks.fails.using(backend=alias).enqueue("disk full"))
+    assert [(level, message.rpartition(" ")[2], exc)
+            for level, message, exc in framework_logs(result)] == [
+        (logging.DEBUG, f"backend={alias}", None),
+        (logging.INFO, "state=RUNNING", None),
+        (logging.ERROR, "state=FAILED", ValueError),  # with the task's traceback
+    ]
+
+
+def test_complex_return_value_logs_an_error(alias: str, framework_logs: Any) -> None:
+    result = run(dj_tasks.returns_object.using(backend=alias).enqueue())
+    assert result.status == TaskResultStatus.FAILED
+    level, message, exc = framework_logs(result)[-1]
+    assert (level, message.rpartition(" ")[2]) == (logging.ERROR, "state=FAILED")
+    assert issubclass(exc, TypeError)
+
+
+def test_a_handler_of_the_framework_logger_gets_every_record(alias: str) -> None:
+    """What a project's LOGGING attaches to Django's tasks logger (a file, Sentry) gets the
+    state changes of tasks run by a worker too: none is filtered out on the logger."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger(compat.TASKS_MODULE)
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        good = run(dj_tasks.add.using(backend=alias).enqueue(1, 2))
+        bad = run(dj_tasks.fails.using(backend=alias).enqueue())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    states = [(r.getMessage().split()[1], r.getMessage().rpartition(" ")[2], r.levelname)
+              for r in records]
+    assert states == [
+        (f"id={good.id}", f"backend={alias}", "DEBUG"),
+        (f"id={good.id}", "state=RUNNING", "INFO"),
+        (f"id={good.id}", "state=SUCCESSFUL", "INFO"),
+        (f"id={bad.id}", f"backend={alias}", "DEBUG"),
+        (f"id={bad.id}", "state=RUNNING", "INFO"),
+        (f"id={bad.id}", "state=FAILED", "ERROR"),
+    ]

@@ -58,8 +58,9 @@ def test_signals_and_results_of_batched_successes_follow_the_recording(settings)
         signals.task_finished.disconnect(finished)
     assert len(seen) == 5
     assert {status for _, status in seen} == {Status.SUCCESSFUL}  # already recorded
-    # User callbacks run on the pool's threads, never on the loop that records outcomes.
-    assert all(name.startswith("pgtasks-") for name in threads), threads
+    # User callbacks run on the callbacks' thread: never on the loop that records outcomes,
+    # nor behind handlers on the pool's threads.
+    assert threads == {"pgtasks-callbacks"}, threads
 
 
 def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown() -> None:

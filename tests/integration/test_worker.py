@@ -286,3 +286,52 @@ def test_a_transaction_a_handler_left_open_does_not_reach_the_next_task() -> Non
     assert (first.status, second.status) == (Status.SUCCESSFUL, Status.SUCCESSFUL)
     assert second.result is False
     assert not Execution.objects.filter(worker="left open").exists()
+
+
+def test_a_quick_task_is_signalled_at_once_while_every_thread_runs_a_long_one(
+        tmp_path) -> None:
+    """task_finished, the handler's finished() and the outcome's log line follow the record
+    within the completion window, even when every pool thread is busy with a long task; and
+    the duration they report is the handler's run, not the wait for a free thread."""
+    import threading
+    import time
+
+    from django.db import transaction
+
+    from tests.helpers import run_workers, wait_until
+
+    gate = tmp_path / "gate"
+    with transaction.atomic():
+        quick = Task.objects.enqueue(tasks.add, 1, 2)
+        slow = [Task.objects.enqueue(tasks.waits_for, str(gate), 60, str(tmp_path / f"s{i}"))
+                for i in range(4)]
+    finished: dict[int, tuple[str, float, float]] = {}
+
+    def receive(sender, task, status, duration, **kwargs) -> None:
+        finished[task.pk] = (status, duration, time.monotonic())
+
+    signals.task_finished.connect(receive)
+    worker = Worker(concurrency=2, prefetch=0)
+    runner = threading.Thread(target=run_workers, args=([worker],),
+                              kwargs={"until": lambda: gate.exists()})
+    try:
+        runner.start()
+        wait_until(lambda: Task.objects.get(pk=quick.pk).status == Status.SUCCESSFUL,
+                   timeout=60, what="the quick task to be recorded")
+        recorded = time.monotonic()
+        # Both threads are in long handlers now (the next ones were claimed at once).
+        wait_until(lambda: sum((tmp_path / f"s{i}").exists() for i in range(4)) == 2,
+                   timeout=60, what="two long tasks to run")
+        wait_until(lambda: quick.pk in finished, timeout=2,
+                   what="task_finished of the quick task while the long ones run")
+        status, duration, at = finished[quick.pk]
+        assert status == Status.SUCCESSFUL
+        assert at - recorded < 2
+        assert duration < 1, duration
+    finally:
+        gate.touch()
+        runner.join(120)
+        signals.task_finished.disconnect(receive)
+    assert not runner.is_alive()
+    assert {t.status for t in Task.objects.filter(pk__in=[t.pk for t in slow])} <= {
+        Status.SUCCESSFUL, Status.READY}

@@ -228,3 +228,93 @@ def test_a_worker_process_runs_every_side_job(subprocess_env) -> None:
                              capture_output=True, text=True, timeout=120)
     assert process.returncode == 0, process.stderr
     assert process.stdout.strip() == "['partitions', 'purge', 'rescue', 'scheduler']"
+
+
+
+def test_a_task_raising_system_exit_in_burst_mode_lets_the_worker_out_at_once(
+        start_command) -> None:
+    from tests.testapp import dj_tasks
+
+    exiting = [Task.objects.enqueue(tasks.exits).pk, int(dj_tasks.exits.enqueue().id),
+               Task.objects.enqueue(tasks.async_exits).pk]
+    others = Task.objects.enqueue_many(tasks.add.build(i, i) for i in range(5))
+    process = start_command("run_pgtasks", "--burst")
+    out = Output(process)
+    wait_until(lambda: Task.objects.filter(pk__in=exiting, status=Status.FAILED).count() == 3
+               and Task.objects.succeeded().count() == len(others),
+               what="every task to be recorded")
+    emptied = time.monotonic()
+    assert process.wait(timeout=30) == 0, out.text
+    assert time.monotonic() - emptied < 2, out.text
+    for pk in exiting:
+        assert re.search(rf"Task id={pk} name=\S+ queue=default state=FAILED "
+                         r".* error=SystemExit: 3", out.text), out.text
+
+
+def test_the_process_ends_as_soon_as_the_worker_stopped(start_command) -> None:
+    Task.objects.enqueue(tasks.noop)
+    process = start_command("run_pgtasks", "--worker-id", "quick-exit")
+    out = Output(process)
+    wait_until(lambda: Task.objects.succeeded().exists())
+    process.send_signal(signal.SIGTERM)
+    out.wait_for(r"Worker quick-exit stopped after 1 task\(s\)\.")
+    stopped = time.monotonic()
+    assert process.wait(timeout=30) == 0, out.text
+    assert time.monotonic() - stopped < 0.5, out.text
+
+
+def test_the_console_shows_each_state_of_a_django_task_once(run_command) -> None:
+    """Django logs the state changes of its tasks on its own logger; the worker logs them
+    too, with the attempt, duration and error. The console shows the worker's line only."""
+    from tests.testapp import dj_tasks
+
+    good, bad = dj_tasks.add.enqueue(1, 2), dj_tasks.fails.enqueue("disk full")
+    result = run_command("run_pgtasks", "--burst")
+    assert result.returncode == 0, result.stderr
+    for task_id, state in [(good.id, "SUCCESSFUL"), (bad.id, "FAILED")]:
+        for shown in ("RUNNING", state):
+            lines = [line for line in result.stderr.splitlines()
+                     if f"id={task_id} " in line and f"state={shown}" in line]
+            assert len(lines) == 1, result.stderr
+            assert "name=tests.testapp.dj_tasks." in lines[0], result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_sigterm_counts_the_running_tasks_not_the_prefetched_ones(start_command,
+                                                                  tmp_path) -> None:
+    gate = tmp_path / "gate"
+    started = [tmp_path / f"started-{i}" for i in range(3)]
+    Task.objects.enqueue_many(tasks.waits_for.build(str(gate), 60, str(path))
+                              for path in started)
+    process = start_command("run_pgtasks", "--concurrency", "2", "--prefetch", "1",
+                            "--worker-id", "counting")
+    out = Output(process)
+    wait_until(lambda: Task.objects.held_by("counting").count() == 3
+               and sum(path.exists() for path in started) == 2,
+               what="two running tasks and one prefetched")
+    process.send_signal(signal.SIGTERM)
+    out.wait_for("SIGTERM received: finishing")
+    gate.touch()
+    assert process.wait(timeout=60) == 0, out.text
+    assert "SIGTERM received: finishing 2 running task(s)" in out.text, out.text
+    assert "gave back 1 prefetched task(s)" in out.text, out.text
+
+
+def test_a_second_signal_still_prints_the_outcome_of_every_recorded_task(start_command,
+                                                                        tmp_path) -> None:
+    marker = tmp_path / "started"
+    quick = Task.objects.enqueue(tasks.add, 1, 2)
+    Task.objects.enqueue(tasks.waits_for, str(tmp_path / "never"), 60, str(marker))
+    process = start_command("run_pgtasks", "--concurrency", "1", "--prefetch", "0",
+                            "--shutdown-grace", "120", "--worker-id", "twice")
+    out = Output(process)
+    wait_until(lambda: marker.exists()
+               and Task.objects.get(pk=quick.pk).status == Status.SUCCESSFUL,
+               what="the quick task recorded and the long one running")
+    process.send_signal(signal.SIGINT)
+    out.wait_for("SIGINT received")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) == 1, out.text
+    line = rf"Task id={quick.pk} name=tests.testapp.tasks.add queue=default state=SUCCESSFUL"
+    assert re.search(line, out.text), out.text
+    assert out.text.index("state=SUCCESSFUL") < out.text.index("Worker twice stopped"), out.text

@@ -127,6 +127,11 @@ def exits() -> None:
     raise SystemExit(3)
 
 
+@pgtask(max_attempts=1)
+async def async_exits() -> None:
+    raise SystemExit(3)
+
+
 @pgtask(timeout=0.5, max_attempts=1, context=True)
 def hangs(ctx: TaskContext, seconds: float) -> None:
     """Overruns its time limit; logs an execution row when it finally returns."""
