@@ -9,7 +9,7 @@
  */
 'use strict';
 {
-    const main = document.querySelector('.pgtasks-dashboard[data-refresh]');
+    const main = document.querySelector('#content-main[data-refresh]');
     if (main) {
         const interval = Number(main.dataset.refresh) * 1000;
         const status = document.getElementById('pgtasks-refresh-status');
