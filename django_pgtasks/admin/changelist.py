@@ -59,7 +59,8 @@ class TaskChangeList(ChangeList):
     def get_filters(self, request: HttpRequest) -> Any:
         filters = super().get_filters(request)
         for spec in filters[0]:
-            spec.template = self.filter_template
+            if spec.template == "admin/filter.html":  # a filter's own template is kept
+                spec.template = self.filter_template
         return filters
 
     def get_filters_params(self, params: Any = None) -> Any:

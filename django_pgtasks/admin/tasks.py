@@ -96,9 +96,8 @@ class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, Workf
         args = ", ".join(json.dumps(a, ensure_ascii=False) for a in obj.args)
         kwargs = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}"
                            for k, v in obj.kwargs.items())
-        arguments = ", ".join(p for p in (args, kwargs) if p)
-        return one_line(f"{short_name(obj.name)}({Truncator(arguments).chars(60)})",
-                        f"{obj.name}({Truncator(arguments).chars(1000)})")
+        arguments = Truncator(", ".join(p for p in (args, kwargs) if p)).chars(60)
+        return one_line(f"{short_name(obj.name)}({arguments})", f"{obj.name}({arguments})")
 
     @admin.display(description=_("status, attempts"), ordering="status")
     def state(self, obj: Task) -> SafeString:
@@ -109,7 +108,8 @@ class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, Workf
     def error_summary(self, obj: Task) -> SafeString:
         """The first line of the error; the column takes the width the others leave."""
         line = obj.error_text.partition("\n")[0]
-        return one_line(Truncator(line).chars(300), Truncator(line).chars(1000))
+        line = Truncator(line).chars(300)
+        return one_line(line, line)
 
     @admin.display(description=_("queue, priority"), ordering="queue")
     def queue_and_priority(self, obj: Task) -> SafeString:
