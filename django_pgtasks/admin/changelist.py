@@ -51,7 +51,17 @@ class BoundedCountPaginator(Paginator):
 
 
 class TaskChangeList(ChangeList):
-    """The stock change list, plus the ``database`` parameter, which is not a filter."""
+    """The stock change list, plus the ``database`` parameter, which is not a filter, and
+    filters drawn as a bar of drop-downs above the list (which then has the page's width)."""
+
+    filter_template = "admin/django_pgtasks/task/filter.html"
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        filters = super().get_filters(request)
+        for spec in filters[0]:
+            if spec.template == "admin/filter.html":  # a filter's own template is kept
+                spec.template = self.filter_template
+        return filters
 
     def get_filters_params(self, params: Any = None) -> Any:
         lookup_params = super().get_filters_params(params)

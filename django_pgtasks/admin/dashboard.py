@@ -165,6 +165,8 @@ class DashboardSection:
 class DashboardMixin:
     """The dashboard and requeue views of :class:`~django_pgtasks.admin.tasks.TaskAdmin`."""
 
+    #: How often the open dashboard reads itself again (``dashboard.js``), in seconds.
+    dashboard_refresh_seconds = 5
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name
@@ -200,6 +202,7 @@ class DashboardMixin:
             "changelist_url": self.url("changelist"),
             "breadcrumbs_as_list": django.VERSION >= (6, 0),
             "colors": chart.COLORS,
+            "refresh_seconds": self.dashboard_refresh_seconds,
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, self.dashboard_template, context)

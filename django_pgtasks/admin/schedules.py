@@ -77,7 +77,10 @@ class ScheduleForm(forms.ModelForm):
     class Meta:
         model = Schedule
         fields = ("name", *runtime.DEFINITION_FIELDS)
+        labels = {"name": _("Name of the schedule")}
         help_texts = {
+            "name": _("Names this schedule among all others, e.g. \"nightly-report\"; it "
+                      "cannot be changed later."),
             "spec": _("A cron expression (\"0 3 * * *\", \"@hourly\") or a period "
                       "(\"every 30m\", \"every 1h30m\", \"every 90s\")."),
             "task_name": _("The registered name of a @pgtask handler."),
@@ -87,12 +90,19 @@ class ScheduleForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
-        if self.errors:
-            return cleaned
         schedule = Schedule(name=cleaned.get("name", self.instance.name), **{
             field: cleaned.get(field) for field in runtime.DEFINITION_FIELDS})
         schedule.args = cleaned.get("args") if cleaned.get("args") is not None else []
         schedule.kwargs = cleaned.get("kwargs") if cleaned.get("kwargs") is not None else {}
+        # Every field's error at once: the fields this form refused already (a JSON syntax
+        # error, a number that is not one) are left out, every other field is checked.
+        if self.errors:
+            skip = {*self.errors, *(set(runtime.DEFINITION_FIELDS) - set(self.fields))}
+            if "name" not in self.fields:
+                skip.add("name")  # read-only on a schedule's page
+            if problems := runtime.problems(schedule, skip=skip):
+                raise ValidationError(problems)
+            return cleaned
         runtime.validate(schedule)
         cleaned["args"], cleaned["kwargs"] = schedule.args, schedule.kwargs
         return cleaned

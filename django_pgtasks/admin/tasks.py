@@ -21,6 +21,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from django_pgtasks.admin.actions import TaskActionsMixin, _pretty_json
+from django_pgtasks.admin.cells import one_line, short_name, short_time
 from django_pgtasks.admin.changelist import BoundedCountPaginator, TaskChangeList
 from django_pgtasks.admin.common import (
     _REFUSED,
@@ -52,10 +53,13 @@ class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, Workf
                 admin.ModelAdmin):
     # What tells tasks apart comes first, so that the error stays in view on a laptop's
     # screen; the worker holding a task is on its page (and the dashboard lists the stuck).
-    list_display = (
-        "id", "name", "status", "attempts", "error_summary", "queue", "priority",
-        "run_after", "finished_at", "payload_summary",
-    )
+    # What tells tasks apart comes first, so that the error stays in view on a laptop's
+    # screen; the worker holding a task is on its page (and the dashboard lists the stuck).
+    # Each cell holds one line (long names, errors and arguments end in "…", whole in their
+    # tooltip), related values share a cell and the filters are a bar above the list, so
+    # that every column fits a 1,280-pixel screen with the navigation open and the error
+    # column keeps the width the others leave (tests/integration/test_browser.py).
+    list_display = ("id", "call", "state", "error_summary", "queue_and_priority", "when")
     list_filter = ("status", FinishedFilter, QueueFilter, NameFilter, ErrorGroupFilter,
                    WorkflowFilter)
     search_fields = ("key__exact",)
@@ -86,21 +90,37 @@ class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, Workf
 
     # -- changelist ----------------------------------------------------------------------
 
-    @admin.display(description=_("attempts"), ordering="attempt")
-    def attempts(self, obj: Task) -> str:
-        return f"{obj.attempt}/{obj.max_attempts}"
-
-    @admin.display(description=_("error"))
-    def error_summary(self, obj: Task) -> str:
-        return Truncator(obj.error_text.partition("\n")[0]).chars(80)
-
-    @admin.display(description=_("arguments"))
-    def payload_summary(self, obj: Task) -> str:
-        """The call's arguments as compact JSON, cut short; the task's page shows them all."""
+    @admin.display(description=_("task and arguments"), ordering="name")
+    def call(self, obj: Task) -> SafeString:
+        """The task's name (its end, when long) and its arguments, as a call."""
         args = ", ".join(json.dumps(a, ensure_ascii=False) for a in obj.args)
         kwargs = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}"
                            for k, v in obj.kwargs.items())
-        return Truncator(", ".join(p for p in (args, kwargs) if p)).chars(60)
+        arguments = Truncator(", ".join(p for p in (args, kwargs) if p)).chars(60)
+        return one_line(f"{short_name(obj.name)}({arguments})", f"{obj.name}({arguments})")
+
+    @admin.display(description=_("status, attempts"), ordering="status")
+    def state(self, obj: Task) -> SafeString:
+        return format_html('{} <span class="quiet">{}/{}</span>', obj.get_status_display(),
+                           obj.attempt, obj.max_attempts)
+
+    @admin.display(description=_("error"))
+    def error_summary(self, obj: Task) -> SafeString:
+        """The first line of the error; the column takes the width the others leave."""
+        line = obj.error_text.partition("\n")[0]
+        line = Truncator(line).chars(300)
+        return one_line(line, line)
+
+    @admin.display(description=_("queue, priority"), ordering="queue")
+    def queue_and_priority(self, obj: Task) -> SafeString:
+        return format_html('{} <span class="quiet">{}</span>', obj.queue, obj.priority)
+
+    @admin.display(description=_("due or finished"))
+    def when(self, obj: Task) -> SafeString | str:
+        """When a finished task finished, or when an unfinished one is (or was) due."""
+        if obj.finished_at is not None:
+            return short_time(obj.finished_at, _("finished"))
+        return short_time(obj.run_after, _("due"))
 
     def get_queryset(self, request: HttpRequest) -> TaskQuerySet:
         return super().get_queryset(request).using(selected_database(request))

@@ -204,6 +204,18 @@ ESTIMATE_SQL = """
     WHERE p.isleaf
 """
 
+#: Below this many rows by the statistics (or with none), the whole table is counted
+#: exactly instead: a small table may not have been analyzed yet (a partitioned table's
+#: estimate is 0, or -1, until then), and counting it costs little.
+EXACT_COUNT_LIMIT = 10_000
+
+# The statuses of at most EXACT_COUNT_LIMIT + 1 rows: a count whose cost is bounded however
+# large the table (and whatever its statistics say), exact when it comes to the limit or less.
+BOUNDED_COUNT_SQL = """
+    SELECT status, count(*) FROM (SELECT status FROM pgtasks_task LIMIT %s) AS head
+    GROUP BY status
+"""
+
 
 # The most recent workflows, newest first: the workflow of the newest member row (the member
 # table's primary key is the task id, handed out in enqueue order), then, stepping down the
@@ -546,10 +558,23 @@ def _as_utc_hour(value: datetime) -> datetime:
 
 
 def table_estimate(using: str) -> TableEstimate:
-    """Rows of the task table and per status, from the planner's statistics."""
+    """Rows of the task table and per status, from the planner's statistics; counted
+    exactly when the statistics know no rows or fewer than :data:`EXACT_COUNT_LIMIT`
+    (``exact`` then says so)."""
     with _cursor(using) as cursor:
         cursor.execute(ESTIMATE_SQL)
         partitions = [row for row in cursor.fetchall() if row[0] is not None and row[0] >= 0]
+        estimate = _estimate(partitions)
+        if estimate.rows is None or estimate.rows < EXACT_COUNT_LIMIT:
+            cursor.execute(BOUNDED_COUNT_SQL, [EXACT_COUNT_LIMIT + 1])
+            counts = dict(cursor.fetchall())
+            if sum(counts.values()) <= EXACT_COUNT_LIMIT:
+                return TableEstimate(sum(counts.values()), counts, exact=True)
+    return estimate
+
+
+def _estimate(partitions: list[tuple[float, list[str] | None, list[float] | None]]
+              ) -> TableEstimate:
     if not partitions:
         return TableEstimate(None, {})
     by_status: dict[str, float] = {}

@@ -123,12 +123,15 @@ class HourPoint:
 
 @dataclass(frozen=True)
 class TableEstimate:
-    """Whole-table numbers from PostgreSQL's statistics (as of the last ``ANALYZE``)."""
+    """Whole-table numbers from PostgreSQL's statistics (as of the last ``ANALYZE``), or
+    counted when the table is small."""
 
     #: Rows in the task table; ``None`` if the table was never analyzed.
     rows: int | None
     #: Status value -> estimated rows.
     by_status: dict[str, int]
+    #: Counted exactly rather than estimated.
+    exact: bool = False
 
 
 @dataclass

@@ -10,6 +10,7 @@ for the schedules declared in code.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -18,6 +19,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import connections, transaction
 
 from django_pgtasks.base.payload import serialize_payload
+from django_pgtasks.base.registry import get_handler
 from django_pgtasks.base.schedules import (
     MAX_NAME_LENGTH,
     RESERVED_KWARGS,
@@ -25,6 +27,7 @@ from django_pgtasks.base.schedules import (
     parse_spec,
     zone,
 )
+from django_pgtasks.base.validation import validate_options, validate_queue
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import (
     HandlerImportError,
@@ -52,40 +55,77 @@ def declaration_of(name: str, task: str, spec: str, timezone: str, args: Any, kw
                        enabled=enabled, priority=priority)
 
 
+def problems(schedule: Schedule, skip: Collection[str] = ()) -> dict[str, list[str]]:
+    """What is wrong with each field of a schedule made or changed in the admin, checked
+    apart from the others so that a form shows every field's error at once. Fields named
+    in ``skip`` (those a form already refused) are not checked."""
+    errors: dict[str, list[str]] = {}
+
+    def refuse(field: str, message: str) -> None:
+        errors.setdefault(field, []).append(message)
+
+    checked = set(("name", *DEFINITION_FIELDS)) - set(skip)
+    if "name" in checked:
+        if schedule.name in declared_names():
+            refuse("name", f"A schedule named {schedule.name!r} is declared in code; choose "
+                           f"another name.")
+        if not schedule.name or len(schedule.name) > MAX_NAME_LENGTH:
+            refuse("name", f"A schedule's name has 1 to {MAX_NAME_LENGTH} characters.")
+    when = tz = None
+    if "spec" in checked:
+        try:
+            when = parse_spec(schedule.spec)
+        except ImproperlyConfigured as exc:
+            refuse("spec", str(exc))
+    if "timezone" in checked:
+        try:
+            tz = zone(schedule.timezone)
+        except ImproperlyConfigured as exc:
+            refuse("timezone", str(exc))
+    if when is not None and tz is not None and (problem := _out_of_range(when, tz)):
+        refuse("spec", problem)
+    if "args" in checked:
+        if not isinstance(schedule.args, list):
+            refuse("args", "The positional arguments are a JSON array.")
+        elif problem := _payload_problem(schedule.args, {}):
+            refuse("args", problem)
+    if "kwargs" in checked:
+        if not isinstance(schedule.kwargs, dict):
+            refuse("kwargs", "The keyword arguments are a JSON object.")
+        elif reserved := sorted(RESERVED_KWARGS & set(schedule.kwargs)):
+            refuse("kwargs", f"Reserved name(s): {', '.join(reserved)}; use the schedule's "
+                             f"own fields.")
+        elif problem := _payload_problem([], schedule.kwargs):
+            refuse("kwargs", problem)
+    if "task_name" in checked:
+        try:
+            get_handler(schedule.task_name)
+        except (UnknownTaskError, HandlerImportError) as exc:
+            # HandlerImportError: a name inside an installed app whose module does not
+            # exist, or raises while being imported; for this form, a name that names no
+            # task either.
+            refuse("task_name", str(exc))
+    if "queue" in checked and schedule.queue:
+        try:
+            validate_queue(schedule.queue)
+        except UnknownQueueError as exc:
+            refuse("queue", str(exc))
+    if "priority" in checked:
+        try:
+            validate_options(priority=schedule.priority)
+        except InvalidTaskError as exc:
+            refuse("priority", str(exc))
+    return errors
+
+
 def validate(schedule: Schedule) -> Declaration:
     """Check a schedule made or changed in the admin as the scheduler would run it; raise
-    ``ValidationError`` (by field) naming what is wrong. Nothing is written."""
-    errors: dict[str, list[str]] = {}
-    if schedule.name in declared_names():
-        errors.setdefault("name", []).append(
-            f"A schedule named {schedule.name!r} is declared in code; choose another name.")
-    if not schedule.name or len(schedule.name) > MAX_NAME_LENGTH:
-        errors.setdefault("name", []).append(
-            f"A schedule's name has 1 to {MAX_NAME_LENGTH} characters.")
-    when = tz = None
-    try:
-        when = parse_spec(schedule.spec)
-    except ImproperlyConfigured as exc:
-        errors.setdefault("spec", []).append(str(exc))
-    try:
-        tz = zone(schedule.timezone)
-    except ImproperlyConfigured as exc:
-        errors.setdefault("timezone", []).append(str(exc))
-    if when is not None and tz is not None and (problem := _out_of_range(when, tz)):
-        errors.setdefault("spec", []).append(problem)
-    if not isinstance(schedule.args, list):
-        errors.setdefault("args", []).append("The positional arguments are a JSON array.")
-    elif problem := _payload_problem(schedule.args, {}):
-        errors.setdefault("args", []).append(problem)
-    if not isinstance(schedule.kwargs, dict):
-        errors.setdefault("kwargs", []).append("The keyword arguments are a JSON object.")
-    elif reserved := sorted(RESERVED_KWARGS & set(schedule.kwargs)):
-        errors.setdefault("kwargs", []).append(
-            f"Reserved name(s): {', '.join(reserved)}; use the schedule's own fields.")
-    elif problem := _payload_problem([], schedule.kwargs):
-        errors.setdefault("kwargs", []).append(problem)
-    if errors or when is None:
+    ``ValidationError`` naming what is wrong with every field (:func:`problems`), then what
+    is wrong with the run as a whole (arguments that do not fit the task). Nothing is
+    written."""
+    if errors := problems(schedule):
         raise ValidationError(errors)
+    when = parse_spec(schedule.spec)
     declaration = Declaration(
         name=schedule.name, task=schedule.task_name, when=when, timezone=schedule.timezone,
         args=tuple(schedule.args), kwargs=dict(schedule.kwargs),
@@ -95,8 +135,6 @@ def validate(schedule: Schedule) -> Declaration:
         # signature and are plain JSON, a configured queue, a priority in range.
         task = declaration.build(datetime.now(UTC))
     except (UnknownTaskError, HandlerImportError) as exc:
-        # HandlerImportError: a name inside an installed app whose module does not exist, or
-        # raises while being imported; for this form, a name that names no task either.
         raise ValidationError({"task_name": [str(exc)]}) from None
     except UnknownQueueError as exc:
         raise ValidationError({"queue": [str(exc)]}) from None

@@ -250,7 +250,10 @@ def test_chart_axis_labels_are_three_different_whole_numbers(most: int,
     assert left == right == labels  # from the bottom up: 0, half, max
 
 
-def test_whole_table_numbers_are_marked_as_estimates(admin_client: Client) -> None:
+def test_whole_table_numbers_are_marked_as_estimates(admin_client: Client,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Statistics are read when they say the table holds more than a small table's rows.
+    monkeypatch.setattr(dashboard, "EXACT_COUNT_LIMIT", 20)
     insert(50)
     insert(10, status=Status.FAILED, error="Boom ")
     with connection.cursor() as cursor:
@@ -262,6 +265,20 @@ def test_whole_table_numbers_are_marked_as_estimates(admin_client: Client) -> No
     assert estimate.rows == 60
     assert estimate.by_status == {"SUCCESSFUL": 50, "FAILED": 10}
     assert "Whole task table: ≈ 60 rows (≈ 50 successful, ≈ 10 failed)." in (
+        " ".join(response.content.decode().split()))
+
+
+def test_a_small_or_never_analyzed_table_is_counted_exactly(admin_client: Client) -> None:
+    # Never analyzed: the partitioned table's statistics know no rows (0, or -1).
+    insert(20)
+    insert(5, status=Status.FAILED, error="Boom ")
+
+    response = admin_client.get(DASHBOARD)
+
+    estimate = section(response).snapshot.estimate
+    assert (estimate.rows, estimate.by_status, estimate.exact) == (
+        25, {"SUCCESSFUL": 20, "FAILED": 5}, True)
+    assert "Whole task table: 25 rows (20 successful, 5 failed)." in (
         " ".join(response.content.decode().split()))
 
 

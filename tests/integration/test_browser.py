@@ -25,12 +25,18 @@ from django.contrib.auth.models import User
 from django.db import connection, connections
 from django.test.testcases import LiveServerThread
 
+import django_pgtasks
 from django_pgtasks.models import Status, Task, WorkerProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 CHROMIUM = os.environ.get("PGTASKS_CHROMIUM", "/usr/bin/chromium")
 ADMIN_STATIC = Path(django.__file__).parent / "contrib" / "admin" / "static"
+APP_STATIC = Path(django_pgtasks.__file__).parent / "static"
+#: A Django tasks framework (@task) name, as long as such names get.
+LONG_NAME = "tests.testapp.backend_tasks.a_task_with_a_rather_long_descriptive_name"
+#: An error whose first line is 60 characters long: the list shows it whole.
+ERROR_60 = "LookupError: order 1203 not found in the stock of warehouses"
 PASSWORD = "browser-test-password"
 
 
@@ -105,13 +111,23 @@ def _wait_for_request_threads() -> None:
 
 
 def serve_admin_static(route: Any) -> None:
+    """The admin's static files and this app's, as ``collectstatic`` would gather them."""
     path = route.request.url.split("/static/", 1)[1].split("?", 1)[0]
-    file = (ADMIN_STATIC / path).resolve()
-    if ADMIN_STATIC.resolve() in file.parents and file.is_file():
-        route.fulfill(body=file.read_bytes(),
-                      content_type=mimetypes.guess_type(file.name)[0] or "text/plain")
-    else:
-        route.fulfill(status=404, body="")
+    for root in (APP_STATIC, ADMIN_STATIC):
+        file = (root / path).resolve()
+        if root.resolve() in file.parents and file.is_file():
+            route.fulfill(body=file.read_bytes(),
+                          content_type=mimetypes.guess_type(file.name)[0] or "text/plain")
+            return
+    route.fulfill(status=404, body="")
+
+
+def no_horizontal_scroll(page: Any) -> None:
+    width = page.evaluate("""() => [document.documentElement.scrollWidth, window.innerWidth,
+        [...document.querySelectorAll('#content *')]
+            .filter(e => e.getBoundingClientRect().right > window.innerWidth)
+            .slice(-3).map(e => e.outerHTML.slice(0, 200))]""")
+    assert width[0] <= width[1], width  # and the widest elements
 
 
 def seed() -> dict[str, list[int]]:
@@ -149,15 +165,17 @@ def seed() -> dict[str, list[int]]:
             """
         )
     failed_orders = []
+    suffix = " in the stock of warehouses"
     for order in (41, 977, 1203):
         task = Task.objects.enqueue("tests.testapp.tasks.always_fails", f"order {order}",
                                     queue="emails")
         failed_orders.append(task.pk)
         Task.objects.filter(pk=task.pk).update(
             status=Status.FAILED, attempt=3, finished_at=task.created_at,
-            error_text=(f"LookupError: order {order} not found\n\nTraceback (most recent call "
+            error_text=(f"LookupError: order {order} not found{suffix}"
+                        f"\n\nTraceback (most recent call "
                         f"last):\n  File \"shop/tasks.py\", line 18, in send_receipt\n"
-                        f"LookupError: order {order} not found"),
+                        f"LookupError: order {order} not found{suffix}"),
         )
     other = []
     for _ in range(2):
@@ -167,6 +185,12 @@ def seed() -> dict[str, list[int]]:
             status=Status.FAILED, attempt=3, finished_at=task.created_at,
             error_text="SMTPServerDisconnected: Connection unexpectedly closed",
         )
+    # A task of Django's tasks framework, with a long name, as its backend stores it.
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, status, "
+                       "attempt, max_attempts, error_text, metadata, run_after, created_at, "
+                       "updated_at) VALUES (%s, 'emails', '[1]', '{}', 100, 'READY', 0, "
+                       "1, '', '{}', now() + interval '1 hour', now(), now())", [LONG_NAME])
     WorkerProcess.objects.create(name="web-1:4242", hostname="web-1", pid=4242, concurrency=8,
                                  queues=["default", "emails"])
     stuck = Task.objects.enqueue("tests.testapp.tasks.noop")
@@ -178,6 +202,52 @@ def seed() -> dict[str, list[int]]:
         cursor.execute("ANALYZE pgtasks_task")
     User.objects.create_superuser("operator", "operator@example.com", PASSWORD)
     return {"orders": failed_orders, "other": other}
+
+
+def dashboard_refreshes(page: Any, url: str) -> None:
+    """The open dashboard reads itself again, without a reload, and waits while hidden."""
+    waiting = page.locator("#pgtasks-queues-default tr[data-queue=default] td.waiting")
+    main = page.locator("#content-main.pgtasks-dashboard")
+    refreshed = int(main.get_attribute("data-refreshed") or 0)
+    page.evaluate("window.pgtasksNotReloaded = true")
+    Task.objects.enqueue("tests.testapp.tasks.noop")
+    page.wait_for_function(
+        "() => document.querySelector('#pgtasks-queues-default tr[data-queue=default] "
+        "td.waiting').textContent === '41'", timeout=30_000)
+    assert waiting.inner_text() == "41"
+    assert page.evaluate("window.pgtasksNotReloaded === true")  # the same page, refreshed
+
+    # Hidden: no more reads. Each read the page makes is counted; a read planned before
+    # the tab was hidden may still end, then the page waits (data-refresh-state="paused").
+    reads = []
+    page.on("request", lambda request: reads.append(request.url) if request.url == url else None)
+    page.evaluate("""() => {
+        Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});
+        Object.defineProperty(document, 'visibilityState', {configurable: true,
+                                                            get: () => 'hidden'});
+        document.dispatchEvent(new Event('visibilitychange'));
+    }""")
+    page.wait_for_function("() => document.querySelector('#content-main')"
+                           ".dataset.refreshState === 'paused'")
+    refreshed = int(main.get_attribute("data-refreshed") or 0)
+    reads.clear()
+    # Time passes (the page's clock runs the timers of several intervals at once): nothing
+    # is read while hidden.
+    page.clock.run_for(60_000)
+    assert main.get_attribute("data-refresh-state") == "paused"
+    assert reads == []
+    assert int(main.get_attribute("data-refreshed") or 0) == refreshed
+
+    # Shown again: read at once.
+    with page.expect_request(url):
+        page.evaluate("""() => {
+            Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});
+            Object.defineProperty(document, 'visibilityState', {configurable: true,
+                                                                get: () => 'visible'});
+            document.dispatchEvent(new Event('visibilitychange'));
+        }""")
+    page.wait_for_function(f"() => Number(document.querySelector('#content-main')"
+                           f".dataset.refreshed) > {refreshed}")
 
 
 def test_operator_retries_a_failed_error_group_from_the_dashboard(
@@ -196,6 +266,8 @@ def operator_session(server_url: str, browser: Any, screenshots: Path) -> None:
 
     # A laptop's screen.
     page = browser.new_page(viewport={"width": 1280, "height": 900})
+    # The page's timers run on a clock the test can move on (dashboard_refreshes).
+    page.clock.install()
     page.route("**/static/**", serve_admin_static)
     page.goto(f"{server_url}/admin/login/?next=/admin/")
     page.fill("#id_username", "operator")
@@ -212,19 +284,33 @@ def operator_session(server_url: str, browser: Any, screenshots: Path) -> None:
     assert queues.locator("tr[data-queue=default] td.waiting").inner_text() == "40"
     groups = page.locator("#pgtasks-error-groups-default tr.error-group")
     assert groups.count() == 2
-    assert "LookupError: order N not found" in groups.nth(0).text_content()
+    assert "LookupError: order N not found in the stock" in groups.nth(0).text_content()
     assert "Stuck: 1 running task" in page.locator("#pgtasks-stuck-default").text_content()
     assert page.locator("svg.pgtasks-chart g.hour").count() == 24
+    # It fits the screen, with the navigation sidebar open.
+    assert page.locator("#nav-sidebar").is_visible()
+    no_horizontal_scroll(page)
     page.screenshot(path=str(screenshots / "admin-dashboard.png"), full_page=True)
+    dashboard_refreshes(page, server_url + dashboard_path)
 
     # Open the failed group: exactly its three tasks.
     groups.nth(0).locator("a").first.click()
     page.wait_for_selector("#result_list")
     assert page.locator("#result_list tbody tr").count() == 3
-    # The error column is in view, with the navigation sidebar open.
+    # Every column is in view, with the navigation sidebar open, and the error column holds
+    # an error line of 60 characters whole.
+    assert page.locator("#nav-sidebar").is_visible()
+    no_horizontal_scroll(page)
+    table = page.evaluate("""() => [document.querySelector('#result_list').scrollWidth,
+                                    document.querySelector('.results').clientWidth]""")
+    assert table[0] <= table[1], table
     error_column = page.locator("#result_list th.column-error_summary").bounding_box()
     assert error_column is not None
     assert error_column["x"] + error_column["width"] <= 1280, error_column
+    cell = page.locator("#result_list td.field-error_summary .pgtasks-line",
+                        has_text="1203").first
+    assert cell.text_content() == ERROR_60
+    assert cell.evaluate("e => e.scrollWidth <= e.clientWidth"), "the error line is cut"
     page.screenshot(path=str(screenshots / "admin-failed-group.png"), full_page=True)
 
     # Retry them now, through the confirmation page.
@@ -237,6 +323,13 @@ def operator_session(server_url: str, browser: Any, screenshots: Path) -> None:
     page.wait_for_selector("ul.messagelist")
     message = page.locator("ul.messagelist li").first.text_content().strip()
     assert message == "Retry now: 3 changed, 0 skipped."
+
+    # A task of the tasks framework, with a long name, takes one line.
+    page.goto(f"{server_url}/admin/django_pgtasks/task/?name={LONG_NAME}")
+    no_horizontal_scroll(page)
+    row = page.locator("#result_list tbody tr").first
+    assert LONG_NAME in row.locator("td.field-call .pgtasks-line").get_attribute("title")
+    assert row.bounding_box()["height"] < 40, row.bounding_box()
     page.close()
     browser.close()
 

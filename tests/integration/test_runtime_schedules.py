@@ -262,3 +262,35 @@ def test_running_workers_pick_up_a_new_schedule_and_its_edits(
     assert max(Counter(runs).values()) == 1  # three workers, each planned run once
     assert all(task.result == "us:full" for task in Task.objects.filter(
         name=REPORT, args=["us"], status="SUCCESSFUL"))
+
+
+def test_every_fields_error_shows_at_once(admin_client: Client) -> None:
+    # One error in each field, of each kind: what the form itself refuses (JSON that does
+    # not parse, a number that is none) and what the scheduler would refuse.
+    response = admin_client.post(ADD, form(
+        spec="every hour", task_name="nope.not_a_task", timezone="Mars/Olympus",
+        args='["unclosed', kwargs='{"queue": "x"}', queue="nowhere", priority="999"))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert set(errors) == {"spec", "task_name", "timezone", "args", "kwargs", "queue",
+                           "priority"}, errors
+    assert errors["args"] == ["Enter a valid JSON."]
+    assert errors["kwargs"] == ["Reserved name(s): queue; use the schedule's own fields."]
+    assert "'every hour' is not a period" in errors["spec"][0]
+    assert "nope.not_a_task" in errors["task_name"][0]
+    assert "Unknown time zone 'Mars/Olympus'" in errors["timezone"][0]
+    assert "nowhere" in errors["queue"][0]
+    assert "Priority must be an integer from" in errors["priority"][0]
+    assert not Schedule.objects.exists()
+
+
+def test_a_scheduler_error_shows_next_to_a_form_error(admin_client: Client) -> None:
+    response = admin_client.post(ADD, form(priority="not a number", task_name="nope.nothing"))
+    errors = response.context["adminform"].form.errors
+    assert set(errors) == {"priority", "task_name"}, errors
+
+
+def test_the_name_field_says_what_it_is(admin_client: Client) -> None:
+    page = " ".join(admin_client.get(ADD).content.decode().split())
+    assert '<label class="required" for="id_name">Name of the schedule:</label>' in page
+    assert "Names this schedule among all others" in page
