@@ -63,3 +63,12 @@ def listen_database(using: str) -> str | None:
     if direct:
         return direct
     return None if transaction_pooler() else using
+
+
+def give_back_pooled(using: str) -> None:
+    """Give this thread's connection to ``using`` back to Django's connection pool
+    (``OPTIONS["pool"]``) between two rounds of work of a side thread (maintainer, releaser):
+    the pool threads need its connections meanwhile. A plain connection is kept."""
+    connection = connections[using]
+    if connection.connection is not None and getattr(connection, "pool", None) is not None:
+        connection.close()

@@ -28,7 +28,7 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from django_pgtasks.base import maintenance
 from django_pgtasks.base.errors import is_transient
-from django_pgtasks.base.sessions import transaction_pooler
+from django_pgtasks.base.sessions import give_back_pooled, transaction_pooler
 from django_pgtasks.lifecycle.recorder import close_connection
 
 # The jobs register themselves when their modules are imported: rescue (worker/liveness.py),
@@ -119,6 +119,7 @@ class Maintainer:
             while not self._stop.is_set():
                 self.run_due()
                 self._first_round.set()
+                give_back_pooled(self.using)
                 self._wake.wait(self._until_next())
                 self._wake.clear()
         finally:

@@ -16,6 +16,7 @@ import threading
 
 from django.db import DatabaseError, InterfaceError, connections
 
+from django_pgtasks.base.sessions import give_back_pooled
 from django_pgtasks.lifecycle import release
 
 logger = logging.getLogger("django_pgtasks.worker")
@@ -85,6 +86,7 @@ class Releaser:
                         break
                     pause = min(pause * 2, 30.0)
                     continue
+                give_back_pooled(self.using)
                 self._wake.wait(self.interval)
                 self._wake.clear()
         finally:
