@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models.functions import Now
 
 from django_pgtasks.base.payload import normalize_value
 from django_pgtasks.base.registry import TaskHandler
@@ -115,8 +114,7 @@ def drain(
         runner = _inline_runner(served, alias)
         while True:
             if delayed:
-                Task.objects.using(alias).filter(queue__in=served).pending().filter(
-                    run_after__gt=Now()).update(run_after=Now())
+                Task.objects.using(alias).filter(queue__in=served).make_due()
             _as_if_committed(alias)
             # What a worker's releaser would do: the children of the tasks that ended.
             release.release_all(alias)

@@ -276,9 +276,9 @@ class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, Workf
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         # Guarded like every other change: a task retried since the page was shown stays.
-        self.model.objects.using(selected_database(request)).filter(pk=obj.pk).finished().delete()
+        self.model.objects.using(selected_database(request)).filter(pk=obj.pk).delete_finished()
 
     def delete_queryset(self, request: HttpRequest, queryset: TaskQuerySet) -> None:
         # No stock action reaches this (see has_delete_permission); guarded all the same for
         # subclasses that add a bulk delete.
-        queryset.finished().delete()
+        queryset.delete_finished()

@@ -47,6 +47,7 @@ from django.db import connections
 from django_pgtasks.base.errors import qualified_name, reason_text, truncate_error
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import TooManyInterruptions, UnstorableResultError
+from django_pgtasks.lifecycle.leases import ABANDONED_SQL, abandoned_params
 from django_pgtasks.lifecycle.rows import fast_cursor
 
 logger = logging.getLogger("django_pgtasks.worker")
@@ -214,51 +215,7 @@ UNCLAIM_SQL = f"""
     RETURNING t.id, t.status
 """
 
-# -- liveness: which running tasks are abandoned ---------------------------------------------
-
-#: First key of every advisory lock django-pgtasks takes ("pgts"), so they are easy to tell
-#: apart from an application's own advisory locks in pg_locks.
-LOCK_NAMESPACE = 0x70677473
-MAX_INT4 = 2**31 - 1
-
-
-def lock_key(worker_pk: int) -> int:
-    """The second advisory-lock key (an int4) of a worker's liveness lock, from its row id."""
-    return (worker_pk - 1) % (MAX_INT4 - 1) + 1
-
-
-# A worker is lost if (a) its liveness lock is not held by any session of this database and it
-# has been silent for the grace period, or (b) it has been silent for the worker timeout.
-# Takes RESCUE_GRACE and WORKER_TIMEOUT.
-LOST_WORKER_SQL = f"""
-    (w.last_seen_at < now() - make_interval(secs => %s)
-     AND w.lock_key IS NOT NULL
-     AND NOT EXISTS (
-         SELECT 1 FROM pg_locks l
-         WHERE l.locktype = 'advisory' AND l.granted
-           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND l.classid = {LOCK_NAMESPACE} AND l.objid = w.lock_key AND l.objsubid = 2))
-    OR w.last_seen_at < now() - make_interval(secs => %s)
-"""
-
-# A running task is abandoned if its worker is lost, or (c) no registered worker has its name
-# and its lease is older than the worker timeout. Reads only RUNNING rows (a partial index).
-# Takes RESCUE_GRACE, WORKER_TIMEOUT, WORKER_TIMEOUT (abandoned_params()).
-ABANDONED_SQL = f"""
-    "pgtasks_task"."locked_by" IN (SELECT w.name FROM pgtasks_worker w WHERE {LOST_WORKER_SQL})
-    OR (NOT EXISTS (SELECT 1 FROM pgtasks_worker w WHERE w.name = "pgtasks_task"."locked_by")
-        AND "pgtasks_task"."locked_at" < now() - make_interval(secs => %s))
-"""
-
-
-def lost_worker_params() -> list[float]:
-    s = pgtasks_settings
-    return [float(s.RESCUE_GRACE), float(s.WORKER_TIMEOUT)]
-
-
-def abandoned_params() -> list[float]:
-    return [*lost_worker_params(), float(pgtasks_settings.WORKER_TIMEOUT)]
-
+# -- rescue: the runs of lost workers -------------------------------------------------------
 
 # The rescue: the runs of lost workers are interrupted (the same rules as INTERRUPT_SQL).
 RESCUE_SQL = f"""

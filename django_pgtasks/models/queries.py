@@ -6,21 +6,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import models, transaction
-from django.db.models import F, Q
+from django.db import models
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Greatest, Now
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_pgtasks.base.conflicts import retry_conflicts
 from django_pgtasks.base.validation import validate_options
-from django_pgtasks.lifecycle import transitions
+from django_pgtasks.lifecycle import leases, operations
 from django_pgtasks.models.status import (
     CLAIM_ORDER,
     FINISHED,
-    LIVE,
     PENDING,
-    UNSTARTED,
     Status,
 )
 
@@ -104,7 +100,7 @@ class TaskQuerySet(models.QuerySet):
 
         See :mod:`django_pgtasks.worker.liveness` for the rules.
         """
-        abandoned = RawSQL(transitions.ABANDONED_SQL, transitions.abandoned_params(),
+        abandoned = RawSQL(leases.ABANDONED_SQL, leases.abandoned_params(),
                            output_field=models.BooleanField())
         return self.running().filter(abandoned)
 
@@ -116,23 +112,9 @@ class TaskQuerySet(models.QuerySet):
         A task whose attempts are used up gets one more (``max_attempts = attempt + 1``), and
         its interruption budget starts afresh.
         Running and successful tasks are left alone, and so is a finished task whose key now
-        belongs to another live task.
+        belongs to another live task. (:func:`django_pgtasks.lifecycle.operations.retry_now`)
         """
-        # A finished task whose key now belongs to another live task stays finished: two
-        # live tasks cannot share a key.
-        live = self.model._default_manager.filter(status__in=LIVE, key__isnull=False)
-        taken_keys = live.values("key")
-        # Rows move between the live partition and history: a race with a worker ending one
-        # of them is tried again (django_pgtasks.base.conflicts).
-        return retry_conflicts(self.db, lambda: self.filter(
-            status__in=[*PENDING, Status.FAILED, Status.CANCELLED]
-        ).exclude(
-            Q(status__in=[Status.FAILED, Status.CANCELLED]) & Q(key__in=taken_keys)
-        ).update(
-            status=Status.READY, run_after=Now(), updated_at=Now(),
-            max_attempts=Greatest(F("max_attempts"), F("attempt") + 1),
-            cancel_requested=False, interruptions=0,
-        ))
+        return operations.retry_now(self)
 
     def cancel(self, *, running: bool = True) -> CancelResult:
         """Cancel tasks; return how many were cancelled, asked to stop, and skipped.
@@ -148,18 +130,17 @@ class TaskQuerySet(models.QuerySet):
         are skipped. The result is an ``int`` (the number cancelled) with the attributes
         ``cancelled``, ``stopping`` and ``skipped``.
         """
-        def cancel_selected() -> CancelResult:
-            with transaction.atomic(using=self.db):
-                selected = self.count()
-                cancelled = self.filter(status__in=UNSTARTED).update(
-                    status=Status.CANCELLED, finished_at=Now(), updated_at=Now()
-                )
-                stopping = self.running().update(cancel_requested=True) if running else 0
-            return CancelResult(cancelled, stopping, selected - cancelled - stopping)
-
-        return retry_conflicts(self.db, cancel_selected)
+        return CancelResult(*operations.cancel(self, running=running))
 
     def set_priority(self, priority: int) -> int:
         """Change the priority of waiting tasks (effective on the next claim); return how many."""
         validate_options(priority=priority)
-        return self.filter(status__in=UNSTARTED).update(priority=priority, updated_at=Now())
+        return operations.set_priority(self, priority)
+
+    def make_due(self) -> int:
+        """Make the pending tasks due later due now; return how many changed."""
+        return operations.make_due(self)
+
+    def delete_finished(self) -> int:
+        """Delete the finished tasks (running and waiting ones are left); return how many."""
+        return operations.delete_finished(self)

@@ -32,7 +32,7 @@ from django.db import connections, transaction
 from django_pgtasks.base.routing import queues_on
 from django_pgtasks.base.timestamps import PYTHON_END_SQL
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.lifecycle.transitions import LOST_WORKER_SQL, lost_worker_params
+from django_pgtasks.lifecycle.leases import LOST_WORKER_SQL, lost_worker_params
 from django_pgtasks.models import Task
 from django_pgtasks.monitoring.errors import (
     DIGITS_PATTERN,

@@ -49,7 +49,7 @@ from django_pgtasks.base import maintenance
 from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE
 from django_pgtasks.base.sessions import transaction_pooler
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.lifecycle.transitions import LOCK_NAMESPACE
+from django_pgtasks.lifecycle.leases import LOCK_NAMESPACE
 from django_pgtasks.models.task import archive_columns
 
 logger = logging.getLogger("django_pgtasks.retention")

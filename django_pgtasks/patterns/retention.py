@@ -38,7 +38,7 @@ from django.db.transaction import TransactionManagementError
 from django_pgtasks.base import maintenance
 from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.lifecycle.transitions import LOCK_NAMESPACE
+from django_pgtasks.lifecycle.leases import LOCK_NAMESPACE
 from django_pgtasks.models import Status
 from django_pgtasks.models.task import archive_columns
 from django_pgtasks.patterns import partitions

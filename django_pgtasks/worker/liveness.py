@@ -5,7 +5,7 @@ one the ORM uses for tasks), takes a *session-level advisory lock* keyed by that
 refreshes ``last_seen_at`` every ``HEARTBEAT_INTERVAL`` seconds — one small UPDATE per worker,
 never per task.
 
-A running task is **abandoned** when one of these holds (``transitions.ABANDONED_SQL``):
+A running task is **abandoned** when one of these holds (``leases.ABANDONED_SQL``):
 
 (a) its worker's lock is gone *and* the worker has been silent for ``RESCUE_GRACE`` seconds.
     PostgreSQL drops a session's locks the moment its connection ends, so a killed process,
@@ -44,16 +44,18 @@ from django_pgtasks.base.conflicts import retry_conflicts
 from django_pgtasks.base.errors import is_transient
 from django_pgtasks.base.sessions import liveness_mode, open_connection
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.lifecycle.transitions import (
+from django_pgtasks.lifecycle.leases import (
     ABANDONED_SQL,
     LOCK_NAMESPACE,
     LOST_WORKER_SQL,
-    RESCUE_ONE_SQL,
-    RESCUE_SQL,
     abandoned_params,
-    end_for_good,
     lock_key,
     lost_worker_params,
+)
+from django_pgtasks.lifecycle.transitions import (
+    RESCUE_ONE_SQL,
+    RESCUE_SQL,
+    end_for_good,
     rescue_one_params,
     rescue_params,
 )
