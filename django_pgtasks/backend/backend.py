@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
@@ -122,7 +123,7 @@ class PgTasksBackend(BaseTaskBackend):
         with (tracing.enqueueing((row.name,), (row.queue,)) as span,
               explain_missing_schema(database)):
             span.inject((row,))
-            row.save(force_insert=True, using=database)
+            type(row).objects.insert(row, database)
             span.sent([row])
         result = result_from_row(row, task, self.alias)
         native_task_enqueued.send(sender=type(row), task=row)
@@ -132,14 +133,15 @@ class PgTasksBackend(BaseTaskBackend):
     async def aenqueue(
         self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> TaskResult:
-        """Like :meth:`enqueue`; only the INSERT leaves the event loop (``Model.asave``)."""
+        """Like :meth:`enqueue`; only the INSERT leaves the event loop (as ``Model.asave``
+        does: the same INSERT, on the thread Django runs database work on)."""
         self.validate_task(task)
         row = self._build_row(task, args, kwargs)
         database = database_for_queue(row.queue)
         with (tracing.enqueueing((row.name,), (row.queue,)) as span,
               explain_missing_schema(database)):
             span.inject((row,))
-            await row.asave(force_insert=True, using=database)
+            await sync_to_async(type(row).objects.insert)(row, database)
             span.sent([row])
         result = result_from_row(row, task, self.alias)
         await native_task_enqueued.asend(sender=type(row), task=row)

@@ -175,22 +175,27 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         with tracing.enqueueing((task.name,), (task.queue,)) as span:
             span.inject((task,))
             if key is None:
-                # Django's model signals, as save() would send them, only when someone
-                # listens: the INSERT itself does not go through save() (models/inserts.py).
-                model = self.model
-                if pre_save.has_listeners(model):
-                    pre_save.send(sender=model, instance=task, raw=False, using=db,
-                                  update_fields=None)
-                inserts.insert_one(task, db)
-                task.deduplicated = False
-                if post_save.has_listeners(model):
-                    post_save.send(sender=model, instance=task, created=True,
-                                   update_fields=None, raw=False, using=db)
+                self.insert(task, db)
             else:
                 task = self._upsert_keyed(task, db)
             span.sent([task])
         task_enqueued.send(sender=self.model, task=task)
         return task
+
+    def insert(self, task: TaskRow, using: str) -> None:
+        """Insert one built task without a key into database ``using`` (the INSERT of every
+        single enqueue: :meth:`enqueue` and the ``django.tasks`` backend), with Django's
+        model signals as ``save()`` would send them, only when someone listens. Sends no
+        ``task_enqueued``: the caller does, once the task is what it returns."""
+        model = self.model
+        if pre_save.has_listeners(model):
+            pre_save.send(sender=model, instance=task, raw=False, using=using,
+                          update_fields=None)
+        inserts.insert_one(task, using)
+        task.deduplicated = False
+        if post_save.has_listeners(model):
+            post_save.send(sender=model, instance=task, created=True, update_fields=None,
+                           raw=False, using=using)
 
     def _upsert_keyed(self, task: TaskRow, db: str) -> TaskRow:
         run_after = task.run_after if isinstance(task.run_after, datetime) else None

@@ -163,6 +163,9 @@ PGTASKS = {
     "SHUTDOWN_GRACE": 30.0,
     # Import every installed app's tasks.py at start-up so its handlers are registered.
     "AUTODISCOVER": True,
+    # Module prefixes outside the installed apps and the project's own package whose tasks a
+    # stored task name may import (Django's @task in a plain package, say).
+    "TASK_MODULES": [],
     # How workers prove they are alive: "advisory_lock" (plus heartbeats) or "heartbeat".
     "LIVENESS": "advisory_lock",
     # Seconds between two heartbeats of a worker.

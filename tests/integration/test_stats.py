@@ -317,7 +317,7 @@ def test_command_json_has_the_api_numbers(seeded) -> None:
     assert data["workers"] == []
     assert len(data["chart"]) == 24
     assert sum(point["succeeded"] for point in data["chart"]) == 9
-    assert set(data["estimate"]) == {"rows", "by_status"}
+    assert set(data["estimate"]) == {"rows", "exact", "by_status"}
 
 
 def test_command_watch_refreshes_until_interrupted(seeded, monkeypatch) -> None:
