@@ -95,7 +95,8 @@ def test_a_schedule_made_in_the_admin_runs_what_it_says(admin_client: Client) ->
     ({"args": '["\\ud800"]'}, "args", "args[0] contains a lone surrogate"),
     ({"kwargs": '{"full": "\\udfff"}'}, "kwargs", "'full' contains a lone surrogate"),
     ({"kwargs": '{"\\ud800": 1}'}, "kwargs", "Task argument name '\\ud800' contains a lone"),
-    ({"args": "[" * 2000 + "]" * 2000}, "args", "nested too deeply to be read"),
+    # Too deep to read, or (Python 3.13 reads it) past MAX_PAYLOAD_DEPTH: nested either way.
+    ({"args": "[" * 2000 + "]" * 2000}, "args", "nested"),
     ({"kwargs": '{"a": ' + "[" * 40 + "]" * 40 + "}"}, "kwargs",
      'nested more than 32 levels deep (PGTASKS["MAX_PAYLOAD_DEPTH"])'),
     ({"args": "[" + "9" * 5000 + "]"}, "args", "an integer of more than 4300 digits"),
