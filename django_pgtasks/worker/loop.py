@@ -57,7 +57,7 @@ from django_pgtasks.worker.maintainer import Maintainer
 from django_pgtasks.worker.pool import ThreadPool
 from django_pgtasks.worker.releaser import Releaser
 from django_pgtasks.worker.tracing import end_run
-from django_pgtasks.worker.watchdog import Watchdog
+from django_pgtasks.worker.watchdog import Watchdog, time_limit
 
 __all__ = ["ThreadPool", "Worker", "default_worker_id", "format_exception"]
 
@@ -89,7 +89,7 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-class Worker(Watchdog, TaskExecution):
+class Worker(TaskExecution):
     """Runs tasks from ``queues`` with ``concurrency`` threads until stopped.
 
     ``burst=True`` returns as soon as no task is due and none is running (for tests, cron
@@ -137,7 +137,6 @@ class Worker(Watchdog, TaskExecution):
         self._error_pause = s.ERROR_PAUSE
         self._pool: ThreadPool | None = None
         self._wakeup = threading.Event()
-        self.listener: Listener | None = None
         self._exit_code = 0
         self._check_orphans = False
         self._next_poll = 0.0
@@ -150,10 +149,16 @@ class Worker(Watchdog, TaskExecution):
         self.recorder = Recorder(self.using, give_up=self._force)
         #: Releases the children of ended parents, on a thread of its own.
         self.releaser = Releaser(self.using, interval=max(self.poll_interval, 0.1))
+        #: Heartbeats, cancellations, time limits and wake-ups, on a thread of its own.
+        self.watchdog = Watchdog(
+            worker_id=self.worker_id, using=self.using, queues=self.queues,
+            concurrency=self.concurrency, liveness=self.liveness, wakeup=self._wakeup,
+            pool=lambda: self._pool, on_release=self.releaser.wake,
+            hand_in=self._hand_in, retry_after=self._retry_after, stop=self._stop_with,
+            parent_pid=self.parent_pid)
         #: The pool threads' connections, got before a handler starts.
         self.thread_connections = ThreadConnections(self.using, self.worker_id,
                                                     self.concurrency)
-        self._next_heartbeat = 0.0
         self.processed = 0
 
     # -- the loop --------------------------------------------------------------------------
@@ -171,7 +176,7 @@ class Worker(Watchdog, TaskExecution):
         )
         pool = self._pool = ThreadPool(self.concurrency, self._execute, self._wakeup,
                                        on_crash=self._crashed)
-        listener = self._start_watchdog()  # registers the worker first
+        self.watchdog.start()  # registers the worker first
         if not self.burst:  # a burst worker releases on its loop when idle (_release_now)
             self.releaser.start()
         self.maintainer.start()
@@ -207,7 +212,7 @@ class Worker(Watchdog, TaskExecution):
                 if retry_in is not None:
                     self._next_poll = min(self._next_poll, time.monotonic() + retry_in)
                 for task in tasks:
-                    pool.submit(task, self._time_limit(task))
+                    pool.submit(task, time_limit(task))
                 look = len(tasks) == wanted  # a full claim: there may be more waiting
                 if tasks:
                     continue
@@ -231,7 +236,7 @@ class Worker(Watchdog, TaskExecution):
                                "%gs; not waiting for them.", self.worker_id,
                                CALLBACKS_STOP_WAIT)
             self.releaser.stop()
-            self._stop_watchdog(listener)  # unregisters the worker
+            self.watchdog.stop()  # unregisters the worker
             connections[self.using].close()
         logger.info("Worker %s stopped after %d task(s).", self.worker_id, self.processed)
         return code
@@ -241,6 +246,16 @@ class Worker(Watchdog, TaskExecution):
         self._stop.set()
         self._wakeup.set()
         self.maintainer.stop()
+
+    @property
+    def listener(self) -> Listener | None:
+        """The listener whose notifications wake the loop (``None`` before it started)."""
+        return self.watchdog.listener
+
+    def _stop_with(self, code: int) -> None:
+        """Stop, exiting with at least ``code`` (the watchdog's callback)."""
+        self._exit_code = max(self._exit_code, code)
+        self.stop()
 
     def _sleep(self, timeout: float) -> bool:
         """Wait until woken (new work, a free slot, a stop request) or ``timeout`` passes;
