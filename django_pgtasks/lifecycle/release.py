@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from django_pgtasks.base.errors import reason_text, truncate_error
+from django_pgtasks.base.schema import is_missing_schema
 
 logger = logging.getLogger("django_pgtasks.worker")
 
@@ -81,7 +82,8 @@ def release_some(using: str, batch: int = BATCH) -> Turn:
     try:
         marks, edges = _release(using, None, batch)
     except (DatabaseError, InterfaceError) as exc:
-        if _connection_lost(using):
+        # No mark to blame when the connection or the tables are gone (not migrated).
+        if is_missing_schema(exc) or _connection_lost(using):
             raise
         logger.warning("Releasing the dependents of ended tasks failed (%s); isolating the "
                        "failing release.", _first_line(exc))
@@ -138,7 +140,7 @@ def _isolate(using: str, batch: int, turn: Turn) -> None:
             try:
                 _, edges = _release(using, [mark], size)
             except (DatabaseError, InterfaceError) as exc:
-                if _connection_lost(using):
+                if is_missing_schema(exc) or _connection_lost(using):
                     raise
                 if size > MIN_BATCH and _timed_out(exc):  # too much for one statement
                     size = max(size // 4, MIN_BATCH)

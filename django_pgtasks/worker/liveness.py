@@ -42,6 +42,7 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 from django_pgtasks.base import maintenance
 from django_pgtasks.base.conflicts import retry_conflicts
 from django_pgtasks.base.errors import is_transient
+from django_pgtasks.base.schema import is_missing_schema
 from django_pgtasks.base.sessions import liveness_mode, open_connection
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.lifecycle.leases import (
@@ -137,7 +138,7 @@ def _rescue_rows(alias: str, cursor) -> list[Rescued]:
             cursor.execute(RESCUE_SQL, rescue_params())
             return [Rescued(*row) for row in cursor.fetchall()]
     except DatabaseError as exc:
-        if is_transient(exc):
+        if is_transient(exc) or is_missing_schema(exc):  # not a row's fault: the pass's
             raise
         logger.error("The rescue of abandoned tasks failed (%s); rescuing them one by one.",
                      str(exc).strip().split("\n", 1)[0])
@@ -151,7 +152,7 @@ def _rescue_rows(alias: str, cursor) -> list[Rescued]:
                 rescued.extend(Rescued(*row) for row in cursor.fetchall())
             continue
         except DatabaseError as exc:
-            if is_transient(exc):
+            if is_transient(exc) or is_missing_schema(exc):
                 raise
             refusal = exc
         try:
