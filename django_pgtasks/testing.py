@@ -112,19 +112,26 @@ def drain(
         if not served:
             continue
         runner = _inline_runner(served, alias)
+        ended_with_dependents = True  # marks left by anything before this call
         while True:
             if delayed:
                 Task.objects.using(alias).filter(queue__in=served).make_due()
             _as_if_committed(alias)
-            # What a worker's releaser would do: the children of the tasks that ended.
-            release.release_all(alias)
+            # What a worker's releaser does: the children of the tasks that ended, after a
+            # task with dependents ran, and before giving up (an operator's end, a task that
+            # gained dependents while it ran).
+            if ended_with_dependents:
+                release.release_all(alias)
             claimed = Task.objects.claim(runner.worker_id, served, limit=1, using=alias)
             if not claimed:
+                if release.release_all(alias):
+                    continue
                 break
             if len(result) >= limit:
                 raise RuntimeError(f"drain() ran {limit} tasks and there is still work due; "
                                    f"does a task snooze or enqueue itself forever?")
             runner._execute(claimed[0])
+            ended_with_dependents = claimed[0].has_dependents
             result.tasks.append(claimed[0])
     return result
 
@@ -155,7 +162,8 @@ def run_task(task: Any, *, raise_errors: bool = False) -> Any:
             sql, [*params, runner.worker_id, runner.worker_id]))
     for row in claimed:
         runner._execute(row)
-        release.release_all(alias)
+        if row.has_dependents:
+            release.release_all(alias)
         if raise_errors and runner.exception is not None:
             raise runner.exception
     return Task.objects.using(alias).get(pk=pk)

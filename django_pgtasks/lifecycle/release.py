@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
@@ -55,8 +55,13 @@ FAILED_SQL = """
     WHERE parent_id = %s
 """
 
-# Is any release due (for a burst worker deciding whether it is idle)?
-DUE_SQL = "SELECT EXISTS (SELECT 1 FROM pgtasks_pending_release WHERE due_at <= now())"
+# The due marks, unlocked: what a failed batch is isolated over, one mark at a time.
+DUE_MARKS_SQL = """
+    SELECT parent_id FROM pgtasks_pending_release
+    WHERE due_at <= statement_timestamp()
+    ORDER BY due_at, parent_id
+    LIMIT %s
+"""
 
 
 @dataclass
@@ -65,8 +70,6 @@ class Turn:
 
     #: Edges resolved.
     edges: int = 0
-    #: Marks whose release failed this turn (given a back-off).
-    failed: list[int] = field(default_factory=list)
     #: Whether marks may still be due (call again).
     more: bool = False
     #: Whether the batch ran out of time (a statement timeout): the caller should take
@@ -110,13 +113,6 @@ def release_all(using: str, batch: int = BATCH, limit: int = 1_000_000) -> int:
     return total
 
 
-def release_due(using: str) -> bool:
-    """Whether some release is due now."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(DUE_SQL)
-        return bool(cursor.fetchone()[0])
-
-
 def _release(using: str, parents: Sequence[int] | None, batch: int) -> tuple[list[int], int]:
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(LOCK_TIMEOUT_SQL)
@@ -132,7 +128,7 @@ def _release(using: str, parents: Sequence[int] | None, batch: int) -> tuple[lis
 def _isolate(using: str, batch: int, turn: Turn) -> None:
     """Release the due marks one at a time, each with smaller batches before it is blamed."""
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(LOCK_DUE_SQL.replace("FOR UPDATE SKIP LOCKED", ""), [None, None, batch])
+        cursor.execute(DUE_MARKS_SQL, [batch])
         marks = [row[0] for row in cursor.fetchall()]
     for mark in marks:
         size = batch
@@ -146,7 +142,6 @@ def _isolate(using: str, batch: int, turn: Turn) -> None:
                     size = max(size // 4, MIN_BATCH)
                     continue
                 _failed(using, mark, exc)
-                turn.failed.append(mark)
                 break
             turn.edges += edges
             break

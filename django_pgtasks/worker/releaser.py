@@ -10,14 +10,14 @@ most for one batch.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import DatabaseError, InterfaceError
 
 from django_pgtasks.base.sessions import give_back_pooled
 from django_pgtasks.lifecycle import release
+from django_pgtasks.lifecycle.recorder import close_connection
 
 logger = logging.getLogger("django_pgtasks.worker")
 
@@ -81,7 +81,7 @@ class Releaser:
                     else:
                         logger.exception("Releaser: unexpected error; trying again in %.0fs.",
                                          pause)
-                    _close(self.using)
+                    close_connection(self.using)
                     if self._stopped.wait(pause):
                         break
                     pause = min(pause * 2, 30.0)
@@ -90,9 +90,5 @@ class Releaser:
                 self._wake.wait(self.interval)
                 self._wake.clear()
         finally:
-            _close(self.using)
+            close_connection(self.using)
 
-
-def _close(alias: str) -> None:
-    with contextlib.suppress(DatabaseError, InterfaceError):
-        connections[alias].close()

@@ -102,3 +102,41 @@ def test_a_connection_the_handler_opens_itself_and_is_refused_interrupts_the_run
     assert row.status in ("READY", "RUNNING")  # back in the queue (maybe claimed again)
     assert "ConnectionLost" in row.error_text, row.error_text
     assert Execution.objects.filter(task_id=task.pk).count() == 1  # it had started
+
+
+def test_a_give_back_the_database_refuses_interrupts_the_run_instead() -> None:
+    """The new write path of a refused thread, refused in turn (a fault on the row): the
+    recorder falls back to an interruption, so the task never stays RUNNING, and it runs once
+    when connections can be had again."""
+    name = tasks.log_execution.name
+    # Refuses the give-back (back to the queue with the interruptions unchanged), not the
+    # interruption that replaces it.
+    when = (f"NEW.name = '{name}' AND OLD.status = 'RUNNING' AND NEW.status <> 'RUNNING' "
+            f"AND NEW.interruptions = OLD.interruptions AND NEW.result IS NULL "
+            f"AND NEW.finished_at IS NULL")
+    with connection.cursor() as cursor:
+        cursor.execute(f"""
+            CREATE FUNCTION pgtasks_test_refuse_give_back() RETURNS trigger
+            LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected fault'; END $$;
+            CREATE TRIGGER pgtasks_test_refuse_give_back BEFORE UPDATE ON pgtasks_task_live
+                FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION pgtasks_test_refuse_give_back();""")
+    try:
+        with through_proxy() as proxy, running_worker(concurrency=1, poll_interval=0.05):
+            warm = Task.objects.enqueue(tasks.noop)
+            wait_until(lambda: Task.objects.get(pk=warm.pk).status == "SUCCESSFUL")
+            proxy.refuse(600)
+            task = Task.objects.enqueue(tasks.log_execution)
+            wait_until(lambda: Task.objects.get(pk=task.pk).interruptions >= 1,
+                       what="the refused give-back to be recorded as an interruption")
+            assert Task.objects.get(pk=task.pk).status != "RUNNING"
+            proxy.refuse(0)
+            wait_until(lambda: Task.objects.get(pk=task.pk).status == "SUCCESSFUL",
+                       timeout=60, what="the task to run once a connection can be had")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER pgtasks_test_refuse_give_back ON pgtasks_task_live; "
+                           "DROP FUNCTION pgtasks_test_refuse_give_back();")
+    row = Task.objects.get(pk=task.pk)
+    assert row.attempt == 1
+    assert 1 <= row.interruptions < 5
+    assert Execution.objects.filter(task_id=task.pk).count() == 1
