@@ -130,9 +130,13 @@ def slow_job() -> Iterator[str]:
 
 
 def sleeping_backends() -> int:
+    """Backends running the slow job's statement now. ``query`` stays the last statement
+    of an idle session too (a cancelled one, until its connection is gone): only an active
+    one still runs it."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                       "current_database() AND query = 'SELECT pg_sleep(60)'")
+                       "current_database() AND query = 'SELECT pg_sleep(60)' "
+                       "AND state = 'active'")
         return cursor.fetchone()[0]
 
 
