@@ -199,7 +199,7 @@ def explain_analyze(claim: tuple[str, list]) -> str:
     """``EXPLAIN (ANALYZE, BUFFERS)`` of the claim; the UPDATE it executes is rolled back."""
     from django.db import transaction
 
-    from django_pgtasks.lifecycle.rows import fast_cursor
+    from django_pgtasks.lifecycle.row_loading import fast_cursor
 
     sql, params = claim
     with transaction.atomic(), fast_cursor("default") as cursor:

@@ -169,7 +169,7 @@ def split_before(days: int) -> tuple[datetime, list[str]]:
     ``_before`` partitions (empty yet). Return the first new period's start and its tables."""
     from django.db import transaction
 
-    from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE
+    from django_pgtasks.database.schema import DONE_TABLE, FAILED_TABLE
     from django_pgtasks.patterns import partitions as p
 
     made = []
@@ -213,7 +213,7 @@ def seed_live(history: int, waiting: int) -> None:
 
 def seed_history(rows: int, start: datetime, chunk: int) -> dict[str, float]:
     """``rows`` finished tasks from ``start`` to now, in chunks, then VACUUM (ANALYZE)."""
-    from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE
+    from django_pgtasks.database.schema import DONE_TABLE, FAILED_TABLE
 
     (end,) = sql_one("SELECT now()")
     began = time.perf_counter()
@@ -290,7 +290,7 @@ def explain_claim(limit: int, runs: int) -> tuple[str, float]:
     after one warm-up."""
     from django.db import transaction
 
-    from django_pgtasks.lifecycle.rows import fast_cursor
+    from django_pgtasks.lifecycle.row_loading import fast_cursor
 
     sql, params = captured_claim(limit)
     times = []
@@ -431,7 +431,7 @@ def retention(first_day: datetime) -> dict[str, object]:
     same rows from a plain copy in retention's batches."""
     from django.db import connection
 
-    from django_pgtasks.base.schema import DONE_TABLE, TASK_TABLE
+    from django_pgtasks.database.schema import DONE_TABLE, TASK_TABLE
     from django_pgtasks.patterns import partitions
     from django_pgtasks.patterns import retention as r
 

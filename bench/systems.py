@@ -385,7 +385,8 @@ CEILING_DONE = ("UPDATE pgtasks_task SET status = 'SUCCESSFUL', finished_at = no
 def _raw_claim(conn, me: str, batch: int) -> list[int]:
     """The claim, tried again when it met a row that another loop's completion had moved to
     history since the claim's snapshot (SQLSTATE 40001; SKIP LOCKED skips locked rows, not
-    moved ones): what django-pgtasks' own claim does (django_pgtasks/base/conflicts.py)."""
+    moved ones): what django-pgtasks' own claim does
+    (django_pgtasks/database/partition_moves.py)."""
     while True:
         try:
             return [r[0] for r in conn.execute(CEILING_CLAIM, [me, batch])]

@@ -11,7 +11,7 @@ Public API::
     Task.objects.enqueue(send_welcome, 42)   # or send_welcome.enqueue(42)
 """
 
-from django_pgtasks.base.registry import TaskContext, TaskHandler, pgtask
+from django_pgtasks.definition.registry import TaskContext, TaskHandler, add_resolver, pgtask
 from django_pgtasks.exceptions import (
     FatalError,
     InvalidPayloadError,
@@ -40,5 +40,6 @@ __all__ = [
     "TaskWaitTimeout",
     "UnknownQueueError",
     "UnknownTaskError",
+    "add_resolver",
     "pgtask",
 ]

@@ -11,15 +11,15 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from django_pgtasks.base.budget import (
+from django_pgtasks.conf import DEFAULTS, pgtasks_settings
+from django_pgtasks.database.connection_budget import (
     SERVER_LIMITS_SQL,
     advice,
     available_connections,
     connections_needed,
 )
-from django_pgtasks.base.schema import missing_migrations
-from django_pgtasks.base.validation import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RE
-from django_pgtasks.conf import DEFAULTS, pgtasks_settings
+from django_pgtasks.database.schema import missing_migrations
+from django_pgtasks.definition.options import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RE
 from django_pgtasks.retry import POLICIES
 
 #: A module path, as PGTASKS["TASK_MODULES"] lists them.
@@ -97,7 +97,7 @@ def check_queue_tables(
         return []
     if _run_by_migrate():
         return []  # migrate is about to create the tables this check would miss
-    from django_pgtasks.base.routing import queue_databases
+    from django_pgtasks.definition.routing import queue_databases
 
     warnings: list[Warning] = []
     for alias in queue_databases():
@@ -210,7 +210,7 @@ def _run_by_migrate() -> bool:
 
 
 def _queues_on(alias: str) -> list[str]:
-    from django_pgtasks.base.routing import queues_on
+    from django_pgtasks.definition.routing import queues_on
 
     return queues_on(alias)
 
@@ -355,7 +355,7 @@ def check_retention(app_configs: Any = None, **kwargs: Any) -> list[Error]:
 @register(Tags.compatibility)
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
     """Periodic tasks: ``SCHEDULE``, ``SCHEDULER_INTERVAL``, ``MISSED_RUNS``."""
-    from django_pgtasks.base.schedules import MISSED_RUNS_POLICIES
+    from django_pgtasks.definition.recurrence import MISSED_RUNS_POLICIES
     from django_pgtasks.scheduling.declarations import check
 
     errors: list[Error | Warning] = []
@@ -462,7 +462,7 @@ def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning
             "listen (Task.objects.wait() still does).", obj="PGTASKS",
             id="django_pgtasks.W002",
         ))
-    from django_pgtasks.base.routing import queue_databases
+    from django_pgtasks.definition.routing import queue_databases
 
     for alias in queue_databases():
         entry = settings.DATABASES.get(alias)
@@ -482,7 +482,7 @@ def check_connection_budget(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[Warning]:
     """One worker process with ``CONCURRENCY`` threads fits in the connections each queue
-    database's server accepts (:mod:`django_pgtasks.base.budget`).
+    database's server accepts (:mod:`django_pgtasks.database.connection_budget`).
 
     Like :func:`check_queue_tables`, only the aliases in ``databases`` are queried.
     ``run_pgtasks`` repeats the comparison at start with its own ``--processes`` and
@@ -496,7 +496,7 @@ def check_connection_budget(
             or not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
             or check_database() or check_queue_databases()):
         return []  # the settings checks report what is wrong with these
-    from django_pgtasks.base.routing import queue_databases
+    from django_pgtasks.definition.routing import queue_databases
 
     warnings: list[Warning] = []
     for alias in queue_databases():

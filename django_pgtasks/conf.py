@@ -20,7 +20,8 @@ DEFAULTS: dict[str, Any] = {
     # Queues that tasks may be enqueued to. A list of names, or a dict name -> options. The
     # option "database" puts a queue on another database alias (its own PostgreSQL server):
     # {"default": {}, "emails": {"database": "queue_a"}}. Enqueue, workers, rescue, purge,
-    # the admin and pgtasks_stats follow it; see django_pgtasks.base.routing and docs/scaling.md.
+    # the admin and pgtasks_stats follow it; see django_pgtasks.definition.routing and
+    # docs/scaling.md.
     "QUEUES": ["default"],
     # Queue used when neither the handler nor the enqueue call names one.
     "DEFAULT_QUEUE": "default",

@@ -33,10 +33,10 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_pgtasks.base.payload import normalize_value
-from django_pgtasks.base.registry import TaskHandler
-from django_pgtasks.base.routing import queue_databases, queues_on
-from django_pgtasks.base.schema import LIVE_TABLE
+from django_pgtasks.database.schema import LIVE_TABLE
+from django_pgtasks.definition.payload import normalize_value
+from django_pgtasks.definition.registry import TaskHandler
+from django_pgtasks.definition.routing import queue_databases, queues_on
 from django_pgtasks.lifecycle import claim as claiming
 from django_pgtasks.lifecycle import dependencies, release
 from django_pgtasks.signals import task_enqueued

@@ -23,7 +23,7 @@ def subprocess_env(transactional_db: None) -> dict[str, str]:
     """Environment for a child ``manage.py`` process that uses the test database.
 
     Connection details are passed as libpq ``PG*`` variables, which
-    ``django_pgtasks.dev.database_config`` reads when ``DATABASE_URL`` is unset.
+    ``django_pgtasks_dev.database_config`` reads when ``DATABASE_URL`` is unset.
     """
     s = connection.settings_dict
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
@@ -183,7 +183,7 @@ def past_period(transactional_db: None) -> Iterator[dict[str, str]]:
     layout comes back after."""
     from django.db import transaction
 
-    from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE
+    from django_pgtasks.database.schema import DONE_TABLE, FAILED_TABLE
     from django_pgtasks.patterns import partitions
     from tests.helpers import DAY, first_period_start
 

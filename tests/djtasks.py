@@ -7,7 +7,7 @@ when a row names its task (tests/process/test_task_names.py).
 
 from __future__ import annotations
 
-from django_pgtasks.base.compat import task
+from django_pgtasks.definition.framework import task
 
 
 @task

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from django_pgtasks.dev import forget_dead_processes
+from django_pgtasks_dev import forget_dead_processes
 
 URL_VARIABLE = "PGTASKS_TEST_SECOND_DATABASE_URL"
 #: Name of the (test) database on the second server that a child process should use; set by

@@ -1,10 +1,10 @@
-"""Settings for the test suite: a real PostgreSQL database (see django_pgtasks.dev)."""
+"""Settings for the test suite: a real PostgreSQL database (see django_pgtasks_dev)."""
 
 import importlib.util
 import os
 from pathlib import Path
 
-from django_pgtasks.dev import database_config
+from django_pgtasks_dev import database_config
 from tests import second_server
 
 SECRET_KEY = "tests-only-not-secret"
@@ -23,7 +23,7 @@ INSTALLED_APPS = [
 ]
 
 # DATABASE_URL, PG* variables or localhost:5432; without any server, an embedded one whose data
-# lives in .pgdata/embedded of the checkout (see django_pgtasks.dev).
+# lives in .pgdata/embedded of the checkout (see django_pgtasks_dev).
 DATABASES = {
     "default": database_config(
         "pgtasks", embedded_dir=Path(__file__).resolve().parent.parent / ".pgdata" / "embedded"

@@ -11,7 +11,7 @@ merged over those defaults; bench/run.py never sets it.
 import json
 import os
 
-from django_pgtasks.dev import database_config
+from django_pgtasks_dev import database_config
 
 SECRET_KEY = "benchmark-only-not-secret"
 DEBUG = False

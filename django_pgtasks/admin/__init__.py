@@ -20,7 +20,7 @@ Every change made here goes through the guarded statements the rest of the app u
 worker may be updating that row at the same moment, and a full ``save()`` would write back the
 stale copy the page was built from.
 
-With queues on several databases (:mod:`django_pgtasks.base.routing`), every page takes a
+With queues on several databases (:mod:`django_pgtasks.definition.routing`), every page takes a
 ``database`` query parameter naming the alias to show; it defaults to ``PGTASKS["DATABASE"]``.
 """
 

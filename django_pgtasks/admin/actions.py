@@ -22,7 +22,7 @@ from django_pgtasks.admin.changelist import _status_labels, bulk_change_message,
 from django_pgtasks.admin.common import (
     selected_database,
 )
-from django_pgtasks.base.validation import PRIORITY_MAX, PRIORITY_MIN
+from django_pgtasks.definition.options import PRIORITY_MAX, PRIORITY_MIN
 from django_pgtasks.models import (
     FINISHED,
     Status,

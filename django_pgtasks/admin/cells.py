@@ -37,7 +37,7 @@ def short_name(name: str, limit: int = NAME_CHARS) -> str:
 def short_time(value: datetime | str | None, what: str) -> SafeString | str:
     """A time in a few characters (the time of day today, the day this year, the date
     before), what it is and the full time on hover. A time out of Python's range is a string
-    (:class:`~django_pgtasks.base.timestamps.OutOfRange`) and is shown as it is."""
+    (:class:`~django_pgtasks.database.timestamps.OutOfRange`) and is shown as it is."""
     if value is None:
         return "-"
     if not isinstance(value, datetime):

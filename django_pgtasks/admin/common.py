@@ -15,9 +15,9 @@ from django.urls import URLPattern, URLResolver
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from django_pgtasks.base import routing
-from django_pgtasks.base.timestamps import tolerant_timestamps
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.timestamps import tolerant_timestamps
+from django_pgtasks.definition import routing
 from django_pgtasks.models import (
     Task,
 )
@@ -86,10 +86,10 @@ def _max_length(field_name: str) -> int:
 class TolerantTimestampsMixin:
     """Pages of a model admin that show task rows: a time that PostgreSQL holds and Python
     cannot (``infinity``, a year before 1 or after 9999, written by raw SQL) is shown as
-    such (:class:`~django_pgtasks.base.timestamps.OutOfRange`) instead of failing the page.
+    such (:class:`~django_pgtasks.database.timestamps.OutOfRange`) instead of failing the page.
 
     Every view of the admin (its own and those of its mixins) runs with
-    :func:`~django_pgtasks.base.timestamps.tolerant_timestamps` on the task databases, and
+    :func:`~django_pgtasks.database.timestamps.tolerant_timestamps` on the task databases, and
     its template is rendered inside, where the rows are read.
     """
 

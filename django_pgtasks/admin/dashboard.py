@@ -27,8 +27,8 @@ from django_pgtasks.admin.common import (
     selected_database,
 )
 from django_pgtasks.admin.filters import ErrorGroupFilter
-from django_pgtasks.base import routing
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition import routing
 from django_pgtasks.models import (
     Status,
 )

@@ -20,8 +20,8 @@ from django_pgtasks.admin.common import (
     _checked_param,
     _max_length,
 )
-from django_pgtasks.base.registry import registered_names
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.registry import registered_names
 from django_pgtasks.models import (
     TaskQuerySet,
 )

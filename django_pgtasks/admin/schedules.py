@@ -19,8 +19,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from django_pgtasks.base.payload import MAX_INT_DIGITS
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.payload import MAX_INT_DIGITS
 from django_pgtasks.models import (
     ArchivedTask,
     Schedule,
@@ -167,7 +167,7 @@ class ScheduleAdmin(admin.ModelAdmin):
         """A time in the schedule's own time zone, which is where a cron spec is read."""
         if when is None:
             return None
-        from django_pgtasks.base.schedules import zone
+        from django_pgtasks.definition.recurrence import zone
 
         try:
             tz = zone(obj.timezone)

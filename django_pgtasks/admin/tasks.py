@@ -38,9 +38,9 @@ from django_pgtasks.admin.filters import (
     QueueFilter,
     WorkflowFilter,
 )
-from django_pgtasks.admin.workflows import WorkflowFieldsMixin
-from django_pgtasks.base import routing
-from django_pgtasks.base.validation import PRIORITY_MAX, PRIORITY_MIN
+from django_pgtasks.admin.workflow_panel import WorkflowFieldsMixin
+from django_pgtasks.definition import routing
+from django_pgtasks.definition.options import PRIORITY_MAX, PRIORITY_MIN
 from django_pgtasks.models import (
     Task,
     TaskQuerySet,

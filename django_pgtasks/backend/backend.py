@@ -17,8 +17,9 @@ from django.core import checks
 from django.db import connections
 from django.utils import timezone
 
-from django_pgtasks.base import tracing
-from django_pgtasks.base.compat import (
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.schema import explain_missing_schema
+from django_pgtasks.definition.framework import (
     BaseTaskBackend,
     InvalidTask,
     Task,
@@ -26,18 +27,17 @@ from django_pgtasks.base.compat import (
     TaskResultDoesNotExist,
     task_enqueued,
 )
-from django_pgtasks.base.payload import normalize_payload
-from django_pgtasks.base.registry import MAX_NAME_LENGTH
-from django_pgtasks.base.routing import database_for_queue
-from django_pgtasks.base.schema import explain_missing_schema
-from django_pgtasks.base.validation import check_run_after
-from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.options import check_run_after
+from django_pgtasks.definition.payload import normalize_payload
+from django_pgtasks.definition.registry import MAX_NAME_LENGTH
+from django_pgtasks.definition.routing import database_for_queue
 from django_pgtasks.exceptions import (
     InvalidPayloadError,
     InvalidTaskError,
 )
 from django_pgtasks.retry import resolve as resolve_policy
 from django_pgtasks.signals import task_enqueued as native_task_enqueued
+from django_pgtasks.telemetry import tracing
 
 if TYPE_CHECKING:
     from django_pgtasks.models import Task as TaskRow
@@ -118,7 +118,7 @@ class PgTasksBackend(BaseTaskBackend):
         ``ProgrammingError``) when the database lacks the task table."""
         self.validate_task(task)
         row = self._build_row(task, args, kwargs)
-        # Traced like Task.objects.enqueue() (django_pgtasks.base.tracing).
+        # Traced like Task.objects.enqueue() (django_pgtasks.telemetry.tracing).
         database = database_for_queue(row.queue)
         with (tracing.enqueueing((row.name,), (row.queue,)) as span,
               explain_missing_schema(database)):

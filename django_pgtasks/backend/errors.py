@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from django_pgtasks.base.compat import (
+from django_pgtasks.definition.framework import (
     InvalidTask,
 )
 from django_pgtasks.exceptions import (

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from django_pgtasks.base.compat import (
+from django_pgtasks.definition.framework import (
     InvalidTaskBackend,
     Task,
     TaskContext,
@@ -18,13 +18,13 @@ from django_pgtasks.base.compat import (
     task_finished,
     task_started,
 )
-from django_pgtasks.base.console import worker_state_signal
-from django_pgtasks.base.payload import normalize_result
-from django_pgtasks.base.registry import TaskHandler
+from django_pgtasks.definition.payload import normalize_result
+from django_pgtasks.definition.registry import TaskHandler
 from django_pgtasks.exceptions import (
     FatalError,
     InvalidPayloadError,
 )
+from django_pgtasks.telemetry.console import worker_state_signal
 
 if TYPE_CHECKING:
     from django_pgtasks.models import Task as TaskRow
@@ -44,7 +44,7 @@ logger = logging.getLogger("django_pgtasks.backend")
 def _send_state(signal: Any, sender: type, result: TaskResult) -> None:
     """``signal.send_robust()``: Django's receivers log the state change on its logger as
     they would with any backend; ``run_pgtasks``'s console shows the worker's line of it
-    only (:mod:`django_pgtasks.base.console`)."""
+    only (:mod:`django_pgtasks.telemetry.console`)."""
     with worker_state_signal():
         signal.send_robust(sender=sender, task_result=result)
 

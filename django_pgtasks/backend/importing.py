@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from django_pgtasks.base import registry
-from django_pgtasks.base.compat import (
+from django_pgtasks.definition import registry
+from django_pgtasks.definition.framework import (
     Task,
 )
 
@@ -26,7 +26,7 @@ def import_task(path: str, *, missing_ok: bool = True) -> Task | None:
 
     Looks only at the tasks this process enqueued and, importing it if need be, at a module
     of an installed app, of the project's package or of ``PGTASKS["TASK_MODULES"]``
-    (:func:`~django_pgtasks.base.registry.installed_module_of`), checked before anything is
+    (:func:`~django_pgtasks.definition.registry.installed_module_of`), checked before anything is
     imported: a stored path such as
     ``"this.s"`` imports nothing. If that module raises while being imported, the error is
     logged with its traceback and :class:`~django_pgtasks.exceptions.HandlerImportError`

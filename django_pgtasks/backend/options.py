@@ -9,11 +9,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_pgtasks.base.compat import (
+from django_pgtasks.definition.framework import (
     Task,
     TaskResult,
 )
-from django_pgtasks.base.validation import MAX_ATTEMPTS_LIMIT
+from django_pgtasks.definition.options import MAX_ATTEMPTS_LIMIT
 from django_pgtasks.retry import POLICIES
 
 if TYPE_CHECKING:

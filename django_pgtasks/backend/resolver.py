@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from django_pgtasks.base import registry
-from django_pgtasks.base.compat import (
+from django_pgtasks.definition import registry
+from django_pgtasks.definition.framework import (
     Task,
 )
 

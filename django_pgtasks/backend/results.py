@@ -7,13 +7,13 @@ import re
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from django_pgtasks.base.compat import (
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.framework import (
     Task,
     TaskError,
     TaskResult,
     TaskResultStatus,
 )
-from django_pgtasks.conf import pgtasks_settings
 
 if TYPE_CHECKING:
     from django_pgtasks.models import Task as TaskRow
@@ -57,7 +57,7 @@ def parse_result_location(result_id: Any) -> tuple[int | None, str]:
 
     The key is ``None`` if the id cannot be one, or names a database that holds no queue.
     """
-    from django_pgtasks.base.routing import queue_databases
+    from django_pgtasks.definition.routing import queue_databases
 
     primary = pgtasks_settings.DATABASE
     if isinstance(result_id, str) and "@" in result_id:
@@ -113,7 +113,8 @@ _TRACEBACK_START = "\n\nTraceback (most recent call last):"
 
 def error_from_text(text: str) -> TaskError:
     """A ``TaskError`` from a stored error: the type and message, a blank line, then the
-    traceback (see ``django_pgtasks.base.errors.format_exception``), possibly cut in the middle."""
+    traceback (see ``django_pgtasks.definition.error_text.format_exception``), possibly cut in
+    the middle."""
     path = "builtins.Exception"
     for line in text.split("\n\n", 1)[0].splitlines():
         if match := _EXCEPTION_LINE_RE.match(line):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django_pgtasks.backend.results import parse_result_location
-from django_pgtasks.base.compat import Task as DjangoTask
+from django_pgtasks.definition.framework import Task as DjangoTask
 from django_pgtasks.exceptions import InvalidTaskError
 from django_pgtasks.lifecycle.dependencies import ParentOutcome
 

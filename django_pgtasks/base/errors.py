@@ -1,142 +1,15 @@
-"""Error texts and the classification of database errors.
+"""Deprecated: split into :mod:`django_pgtasks.definition.error_text` (the stored texts) and
+:mod:`django_pgtasks.database.sqlstates` (which database errors are transient)."""
 
-Two questions every path that records an outcome asks, answered once here:
+from typing import Any
 
-- *What text do we store?* :func:`error_text` turns any exception into ``Type: message``, a
-  blank line and the traceback, made storable (PostgreSQL's ``text`` holds neither NUL nor a
-  lone surrogate, which a file name decoded with ``surrogateescape`` carries) and bounded by
-  ``PGTASKS["ERROR_TEXT_LIMIT"]``.
-- *Is a database error worth trying again?* :func:`is_transient` says yes for a lost or refused
-  connection, a serialization failure or deadlock, a lock or statement timeout, and a server
-  short of resources: the same statement may succeed a moment later. Anything else (a value
-  PostgreSQL refuses, a constraint, a programming error) fails the same way every time.
-  :func:`is_connection_loss` is the narrower question asked of a handler's exception: did the
-  run end because its connection went away (an interruption), not because the handler failed?
-"""
+from django_pgtasks.base import alias
+from django_pgtasks.database import sqlstates
 
-from __future__ import annotations
-
-import traceback
-
-from django_pgtasks.conf import pgtasks_settings
-
-#: SQLSTATEs (or their two-character classes) of errors that may not happen again on retry.
-TRANSIENT_SQLSTATES = frozenset({
-    "08",  # connection exception: lost, refused, broken
-    "40001", "40P01",  # serialization failure, deadlock detected
-    "53",  # insufficient resources: too many connections, out of memory, disk full
-    "55P03",  # lock_not_available (lock_timeout)
-    "57014",  # query_canceled (statement_timeout)
-    "57P01", "57P02", "57P03",  # admin shutdown, crash shutdown, cannot connect now
-})
-#: SQLSTATEs of errors that end a session: the run was cut off, not failed.
-CONNECTION_SQLSTATES = frozenset({"08", "53300", "57P01", "57P02", "57P03"})
+_texts = alias(__name__, "django_pgtasks.definition.error_text")
 
 
-def sqlstates(exc: BaseException) -> list[str | None]:
-    """The SQLSTATE of each psycopg error in ``exc``'s chain of causes (``None`` for an
-    error raised by the driver itself, such as "the connection is closed")."""
-    import psycopg
-
-    found: list[str | None] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, psycopg.Error):
-            found.append(current.sqlstate)
-        current = current.__cause__
-    return found
-
-
-def _matches(sqlstate: str | None, codes: frozenset[str]) -> bool:
-    return sqlstate is None or sqlstate in codes or sqlstate[:2] in codes
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether the database error ``exc`` may not happen again if the statement is retried."""
-    from django.db import InterfaceError, OperationalError
-
-    if isinstance(exc, InterfaceError):
-        return True
-    states = sqlstates(exc)
-    if not states:
-        return isinstance(exc, OperationalError)
-    return any(_matches(state, TRANSIENT_SQLSTATES) for state in states)
-
-
-def is_connection_loss(exc: BaseException) -> bool:
-    """Whether a handler's exception ``exc`` is its database connection going away (lost,
-    terminated by the server, refused for too many clients), following explicit causes."""
-    import psycopg
-    from django.db import InterfaceError, OperationalError
-
-    current: BaseException | None = exc
-    seen: set[int] = set()
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, psycopg.OperationalError | psycopg.InterfaceError):
-            return _matches(current.sqlstate, CONNECTION_SQLSTATES)
-        if isinstance(current, InterfaceError):
-            return True
-        if isinstance(current, OperationalError) and current.__cause__ is None:
-            return False
-        current = current.__cause__
-    return False
-
-
-def qualified_name(cls: type) -> str:
-    """``module.QualName`` of an exception class, as stored at the head of an error text."""
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def storable(text: str) -> str:
-    """``text`` with what PostgreSQL cannot store spelled out: NUL as ``\\x00``, lone
-    surrogates as ``\\udcxx``."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    if not text.isascii():
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
-def truncate_error(text: str) -> str:
-    """Bound ``text`` to ``PGTASKS["ERROR_TEXT_LIMIT"]`` characters, keeping head and tail,
-    after making it storable (:func:`storable`).
-
-    The head holds the exception type and message, the tail the innermost frames; the middle
-    of a long traceback is replaced by a marker saying how much was cut.
-    """
-    limit = pgtasks_settings.ERROR_TEXT_LIMIT
-    text = storable(text)
-    if len(text) <= limit:
-        return text
-    marker = "\n[... {} characters cut ...]\n"
-    keep = max(limit - len(marker.format(len(text))), 0)
-    head = keep // 3
-    tail = keep - head
-    return text[:head] + marker.format(len(text) - keep) + (text[-tail:] if tail else "")
-
-
-def format_exception(exc: BaseException) -> str:
-    """``Type: message``, a blank line, then the traceback (not yet made storable).
-
-    The type and message come first so they survive truncation and group well; an exception
-    whose ``__str__`` fails is still recorded (the traceback module substitutes a marker).
-    """
-    try:
-        header = "".join(traceback.format_exception_only(exc)).strip()
-        return f"{header}\n\n{''.join(traceback.format_exception(exc))}"
-    except Exception:
-        return f"{qualified_name(type(exc))}: <unprintable exception>"
-
-
-def error_text(exc: BaseException) -> str:
-    """The text stored for ``exc``: formatted, storable and bounded."""
-    return truncate_error(format_exception(exc))
-
-
-def reason_text(exc_class: type[BaseException], message: str) -> str:
-    """The text stored for an outcome the worker decides on its own (no traceback):
-    ``module.Class: message``, storable and bounded."""
-    return truncate_error(f"{qualified_name(exc_class)}: {message}")
+def __getattr__(name: str) -> Any:
+    if hasattr(sqlstates, name):
+        return getattr(sqlstates, name)
+    return _texts(name)

@@ -75,11 +75,11 @@ from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Exists, Manager, Q, QuerySet
 
-from django_pgtasks.base.conflicts import retry_conflicts
-from django_pgtasks.base.rows import TaskRow
-from django_pgtasks.base.schema import LIVE_TABLE
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.lifecycle.rows import load_rows
+from django_pgtasks.database.partition_moves import retry_conflicts
+from django_pgtasks.database.schema import LIVE_TABLE
+from django_pgtasks.definition.task_row import TaskRow
+from django_pgtasks.lifecycle.row_loading import load_rows
 
 ORDER_SQL = "priority DESC, run_after, id"
 #: First key of the transaction-level advisory locks on concurrency keys ("pgtk"); the second
@@ -240,7 +240,7 @@ def claim(
     """Claim up to ``limit`` tasks of ``queues`` for ``worker_id`` (see the module doc).
 
     A claim that meets a task moved to history meanwhile (cancelled, say) is made again
-    (django_pgtasks.base.conflicts)."""
+    (django_pgtasks.database.partition_moves)."""
     return retry_conflicts(db, lambda: _claim(manager, worker_id, queues, limit, db))
 
 

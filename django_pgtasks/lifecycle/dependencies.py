@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connections
 
 from django_pgtasks.exceptions import InvalidTaskError
-from django_pgtasks.lifecycle.rows import fast_cursor
+from django_pgtasks.lifecycle.row_loading import fast_cursor
 
 #: The constraint trigger that settles, at commit, the parents that ended before it.
 COMMIT_CHECK = "pgtasks_member_committing"

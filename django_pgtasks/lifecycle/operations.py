@@ -6,7 +6,7 @@ the caller passes in (``Task.objects.filter(...)``: the querysets of ``models/``
 here), and touches only the tasks it may: a running task is only ever flagged
 (``cancel_requested``), never changed under its worker. Rows move between the live
 partition and history (a retry brings a task back, a cancel ends it): a race with a worker
-ending one of them is tried again (:mod:`django_pgtasks.base.conflicts`).
+ending one of them is tried again (:mod:`django_pgtasks.database.partition_moves`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest, Now
 
-from django_pgtasks.base.conflicts import retry_conflicts
+from django_pgtasks.database.partition_moves import retry_conflicts
 
 #: The states of a task that waits to run, and of one that has not started.
 PENDING = ("READY", "AWAITING_RETRY")

@@ -17,9 +17,10 @@ from typing import TypeVar
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from django_pgtasks.base.conflicts import is_conflict, retry_conflicts
-from django_pgtasks.base.errors import is_transient, reason_text
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.partition_moves import is_conflict, retry_conflicts
+from django_pgtasks.database.sqlstates import is_transient
+from django_pgtasks.definition.error_text import reason_text
 from django_pgtasks.lifecycle.transitions import (
     Claimed,
     Failed,
@@ -39,11 +40,12 @@ T = TypeVar("T")
 class Recorder:
     """Records outcomes so that every claimed task ends recorded or back in the queue.
 
-    - A *transient* database error (:func:`~django_pgtasks.base.errors.is_transient`: connection
-      lost or refused, serialization failure, lock or statement timeout) closes the
-      connection and tries again after a pause (doubling up to ``ERROR_PAUSE_MAX``), at most
-      ``tries`` times, and not once ``give_up`` is set. Runs still unrecorded then are
-      reported as such: the worker gives them back (:meth:`Worker._give_back_orphans`).
+    - A *transient* database error
+      (:func:`~django_pgtasks.database.sqlstates.is_transient`: connection lost or refused,
+      serialization failure, lock or statement timeout) closes the connection and tries again
+      after a pause (doubling up to ``ERROR_PAUSE_MAX``), at most ``tries`` times, and not once
+      ``give_up`` is set. Runs still unrecorded then are reported as such: the worker gives
+      them back (:meth:`Worker._give_back_orphans`).
     - Any other error means the statement will fail the same way again: a batch is split in
       halves until the culprit is alone, so the other runs are recorded; the culprit's
       outcome is replaced by a failure that says what could not be stored

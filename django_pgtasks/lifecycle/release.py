@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from django_pgtasks.base.errors import reason_text, truncate_error
-from django_pgtasks.base.schema import is_missing_schema
+from django_pgtasks.database.schema import is_missing_schema
+from django_pgtasks.definition.error_text import reason_text, truncate_error
 
 logger = logging.getLogger("django_pgtasks.worker")
 

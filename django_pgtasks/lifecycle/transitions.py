@@ -44,11 +44,11 @@ from typing import Any, Protocol
 
 from django.db import connections
 
-from django_pgtasks.base.errors import qualified_name, reason_text, truncate_error
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.error_text import qualified_name, reason_text, truncate_error
 from django_pgtasks.exceptions import TooManyInterruptions, UnstorableResultError
 from django_pgtasks.lifecycle.leases import ABANDONED_SQL, abandoned_params
-from django_pgtasks.lifecycle.rows import fast_cursor
+from django_pgtasks.lifecycle.row_loading import fast_cursor
 
 logger = logging.getLogger("django_pgtasks.worker")
 

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from django.apps import apps
 
-from django_pgtasks.base.sessions import listen_database, open_connection
+from django_pgtasks.database.sessions import listen_database, open_connection
 from django_pgtasks.exceptions import PgTasksError, TaskWaitTimeout
 
 if TYPE_CHECKING:
-    from django_pgtasks.base.compat import TaskResult
-    from django_pgtasks.base.rows import TaskRow
+    from django_pgtasks.definition.framework import TaskResult
+    from django_pgtasks.definition.task_row import TaskRow
 
 #: Channel on which the completion of awaited tasks is announced (payload: the task id).
 FINISHED_CHANNEL = "pgtasks_finished"
@@ -47,8 +47,8 @@ FINISHED = ("SUCCESSFUL", "FAILED", "CANCELLED")
 
 def mark_awaited(conn: Any, pk: int) -> None:
     """Mark task ``pk`` awaited on the waiter's autocommit session. A task ending meanwhile
-    moves to history under the mark (a conflict, django_pgtasks.base.conflicts): it ended, so
-    there is nothing to mark, and the status read that follows sees the end."""
+    moves to history under the mark (a conflict, django_pgtasks.database.partition_moves): it
+    ended, so there is nothing to mark, and the status read that follows sees the end."""
     with contextlib.suppress(psycopg.errors.SerializationFailure):
         conn.execute(MARK_AWAITED_SQL, [pk])
 

@@ -1,7 +1,7 @@
 """Dependencies between tasks: which task waits for which, and the workflows they form.
 
 A task enqueued with parents (``depends_on``, or as a step of a chain or the callback of a
-group: :mod:`django_pgtasks.patterns.workflows`) starts ``WAITING``, outside the claim
+group: :mod:`django_pgtasks.workflows`) starts ``WAITING``, outside the claim
 index's range. It has one :class:`Dependency` row per parent and one :class:`WorkflowMember`
 row that counts the parents that have not ended yet (``remaining``).
 

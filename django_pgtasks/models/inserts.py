@@ -22,10 +22,10 @@ from typing import Any
 from django.db import connections
 from django.db.models.expressions import DatabaseDefault
 
-from django_pgtasks.base.payload import task_payload_json
-from django_pgtasks.base.rows import TaskRow
-from django_pgtasks.base.schema import ID_SEQUENCE, LIVE_TABLE
-from django_pgtasks.lifecycle.rows import fast_cursor
+from django_pgtasks.database.schema import ID_SEQUENCE, LIVE_TABLE
+from django_pgtasks.definition.payload import task_payload_json
+from django_pgtasks.definition.task_row import TaskRow
+from django_pgtasks.lifecycle.row_loading import fast_cursor
 from django_pgtasks.models.status import Status
 
 # One task without a key: the INSERT of pgtasks_enqueue_one() (sql/enqueue.sql) (a PL/pgSQL

@@ -18,28 +18,28 @@ from django.db.models import Value
 from django.db.models.functions import Now
 from django.db.models.signals import post_save, pre_save
 
-from django_pgtasks.base import tracing
-from django_pgtasks.base.payload import serialize_payload, task_payload_json
-from django_pgtasks.base.registry import TaskHandler, get_handler
-from django_pgtasks.base.routing import database_for_queue, queues_on
-from django_pgtasks.base.rows import TaskRow
-from django_pgtasks.base.schema import explain_missing_schema
-from django_pgtasks.base.validation import (
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.schema import explain_missing_schema
+from django_pgtasks.definition.options import (
     delay_seconds,
     resolve_concurrency,
     validate_options,
     validate_queue,
 )
-from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.payload import serialize_payload, task_payload_json
+from django_pgtasks.definition.registry import TaskHandler, get_handler
+from django_pgtasks.definition.routing import database_for_queue, queues_on
+from django_pgtasks.definition.task_row import TaskRow
 from django_pgtasks.exceptions import InvalidTaskError, UnknownTaskError
 from django_pgtasks.lifecycle import claim as claiming
 from django_pgtasks.lifecycle import dependencies, transitions
-from django_pgtasks.lifecycle.rows import load_rows
+from django_pgtasks.lifecycle.row_loading import load_rows
 from django_pgtasks.models import inserts
 from django_pgtasks.models.dependencies import OnParentFailure
 from django_pgtasks.models.queries import TaskQuerySet
 from django_pgtasks.models.status import Status
 from django_pgtasks.signals import task_enqueued
+from django_pgtasks.telemetry import tracing
 
 logger = logging.getLogger("django_pgtasks")
 
@@ -47,7 +47,7 @@ logger = logging.getLogger("django_pgtasks")
 class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[misc]
     def _db_alias(self, using: str | None, queue: str | None = None) -> str:
         """The database to use: ``using``, else the manager's (``db_manager()``), else the
-        database of ``queue`` (:func:`~django_pgtasks.base.routing.database_for_queue`), else
+        database of ``queue`` (:func:`~django_pgtasks.definition.routing.database_for_queue`), else
         ``PGTASKS["DATABASE"]``."""
         if using or self._db:
             return using or self._db
@@ -78,7 +78,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
 
         Nothing is written. :meth:`enqueue` saves one; :meth:`enqueue_many` saves many.
         Everything PostgreSQL would refuse is refused here, so a refused task never leaves
-        the caller's transaction unusable (see :mod:`django_pgtasks.base.payload`).
+        the caller's transaction unusable (see :mod:`django_pgtasks.definition.payload`).
         """
         handler = _handler(name_or_handler)
         validate_options(priority=priority, max_attempts=max_attempts, key=key, stage=stage)
@@ -133,7 +133,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         The INSERT runs on the caller's connection and inside the caller's transaction: if
         the caller rolls back, the task never existed, and no worker can see it before the
         caller commits. The connection is that of the queue's database
-        (:func:`~django_pgtasks.base.routing.database_for_queue`) unless ``using`` names one; a
+        (:func:`~django_pgtasks.definition.routing.database_for_queue`) unless ``using`` names
+        one; a
         queue on another database than the caller's data is not atomic with it
         (docs/scaling.md). ``name_or_handler`` is a ``@pgtask`` handler or its registered name;
         ``args``/``kwargs`` must be plain JSON. ``run_after`` (aware datetime) or ``delay``
@@ -171,7 +172,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             return task
         db = self._db_alias(using, task.queue)
         # Inside a trace (and with tracing on), a span; the task stores its context, so that
-        # the run continues the trace (django_pgtasks.base.tracing).
+        # the run continues the trace (django_pgtasks.telemetry.tracing).
         with tracing.enqueueing((task.name,), (task.queue,)) as span:
             span.inject((task,))
             if key is None:
@@ -242,7 +243,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                 group = groups.setdefault(db_of[task.queue], ([], []))
                 group[0].append(task)
                 group[1].append(payload)
-        # One span for the call, whose context every task stores (django_pgtasks.base.tracing).
+        # One span for the call, whose context every task stores (django_pgtasks.telemetry.tracing).
         with tracing.enqueueing((t.name for t in tasks), (t.queue for t in tasks),
                                 len(tasks)) as span:
             span.inject(tasks)
@@ -403,7 +404,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         if not payloads:
             return []
         db = self._db_alias(using, queue)
-        # One span for the call, whose context every task stores (django_pgtasks.base.tracing).
+        # One span for the call, whose context every task stores (django_pgtasks.telemetry.tracing).
         span = tracing.enqueueing((handler.name,), (queue,), len(payloads))
         metadata = span.metadata_json()
         with span, explain_missing_schema(db), connections[db].cursor() as cursor:

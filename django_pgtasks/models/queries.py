@@ -11,7 +11,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_pgtasks.base.validation import validate_options
+from django_pgtasks.definition.options import validate_options
 from django_pgtasks.lifecycle import leases, operations
 from django_pgtasks.models.status import (
     CLAIM_ORDER,

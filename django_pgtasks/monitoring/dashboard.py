@@ -29,9 +29,9 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_pgtasks.base.routing import queues_on
-from django_pgtasks.base.timestamps import PYTHON_END_SQL
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.timestamps import PYTHON_END_SQL
+from django_pgtasks.definition.routing import queues_on
 from django_pgtasks.lifecycle.leases import LOST_WORKER_SQL, lost_worker_params
 from django_pgtasks.models import Task
 from django_pgtasks.monitoring.errors import (
@@ -41,7 +41,7 @@ from django_pgtasks.monitoring.errors import (
     HEX_WORD_PATTERN,
     error_group_expression,
 )
-from django_pgtasks.monitoring.rows import (
+from django_pgtasks.monitoring.report import (
     DatabaseSnapshot,
     ErrorGroup,
     FailingRelease,
@@ -427,7 +427,7 @@ def stuck_tasks(using: str) -> tuple[list[StuckTask], int]:
     now = db_now(using) if rows else None
     return [StuckTask(pk, name, queue, worker, attempt, max_attempts,
                       # Not a datetime: a time out of Python's range, read by the admin
-                      # as such (django_pgtasks.base.timestamps); it has no age.
+                      # as such (django_pgtasks.database.timestamps); it has no age.
                       (now - locked_at).total_seconds()
                       if isinstance(locked_at, datetime) and now else None)
             for pk, name, queue, worker, attempt, max_attempts, locked_at in rows], count

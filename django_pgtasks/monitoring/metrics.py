@@ -58,8 +58,8 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
         "pip install 'django-pgtasks[prometheus]'."
     ) from exc
 
-from django_pgtasks.base import routing
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition import routing
 from django_pgtasks.models import Task
 from django_pgtasks.monitoring import dashboard
 from django_pgtasks.signals import task_enqueued, task_finished, task_started

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from django.db import connections
 from django.db.models.functions import Now
 
-from django_pgtasks.base.validation import validate_queue
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.options import validate_queue
 from django_pgtasks.exceptions import InvalidTaskError
 from django_pgtasks.models.controls import MAX_RATE_LIMIT, KeyRateLimit, QueueControl
 
@@ -51,7 +51,7 @@ class QueueStatus:
 
 def _db(using: str | None, queue: str | None = None) -> str:
     """``using``, else the database that holds ``queue``, else ``PGTASKS["DATABASE"]``."""
-    from django_pgtasks.base.routing import database_for_queue
+    from django_pgtasks.definition.routing import database_for_queue
 
     return using or (database_for_queue(queue) if queue else pgtasks_settings.DATABASE)
 
@@ -240,7 +240,7 @@ def key_rate_limits(using: str | None = None) -> dict[str, tuple[int, timedelta]
 def ensure_queue_rows(using: str | None = None) -> None:
     """Create a (running, unlimited) row for every configured queue of database ``using``
     (default ``PGTASKS["DATABASE"]``) that has none, so that the admin lists them all."""
-    from django_pgtasks.base.routing import queues_on
+    from django_pgtasks.definition.routing import queues_on
 
     db = _db(using)
     with connections[db].cursor() as cursor:

@@ -45,10 +45,10 @@ from datetime import datetime
 
 from django.db import DatabaseError, connections, transaction
 
-from django_pgtasks.base import maintenance
-from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE
-from django_pgtasks.base.sessions import transaction_pooler
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.schema import DONE_TABLE, FAILED_TABLE
+from django_pgtasks.database.sessions import transaction_pooler
+from django_pgtasks.definition import maintenance_jobs as maintenance
 from django_pgtasks.lifecycle.leases import LOCK_NAMESPACE
 from django_pgtasks.models.task import archive_columns
 

@@ -19,8 +19,8 @@ How it stays harmless on a busy table:
   skips its turn (``pg_try_advisory_xact_lock``), ``manage.py pgtasks_purge`` waits for it.
 
 Every worker runs a bounded purge turn every ``PGTASKS["PURGE_INTERVAL"]`` seconds (a
-maintenance job, see :mod:`django_pgtasks.base.maintenance`); :func:`purge` is the public entry
-point and ``manage.py pgtasks_purge`` its command.
+maintenance job, see :mod:`django_pgtasks.definition.maintenance_jobs`); :func:`purge` is the
+public entry point and ``manage.py pgtasks_purge`` its command.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from datetime import datetime, timedelta
 from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from django_pgtasks.base import maintenance
-from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.schema import DONE_TABLE, FAILED_TABLE
+from django_pgtasks.definition import maintenance_jobs as maintenance
 from django_pgtasks.lifecycle.leases import LOCK_NAMESPACE
 from django_pgtasks.models import Status
 from django_pgtasks.models.task import archive_columns

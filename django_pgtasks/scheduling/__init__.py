@@ -1,12 +1,12 @@
 """Periodic tasks: schedules declared in code produce runs, each planned run exactly once.
 
-:mod:`django_pgtasks.base.schedules` holds the schedules as values and their calendar
+:mod:`django_pgtasks.definition.recurrence` holds the schedules as values and their calendar
 arithmetic (pure, imported by the registry at definition time);
 :mod:`.declarations` collects and checks the declared schedules and plans their runs;
 :mod:`.job` is the scheduler job the workers run.
 """
 
-from django_pgtasks.base.schedules import (
+from django_pgtasks.definition.recurrence import (
     MISSED_RUNS_POLICIES,
     Cron,
     Every,

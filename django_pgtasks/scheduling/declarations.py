@@ -18,7 +18,7 @@ from django_pgtasks.exceptions import HandlerImportError, InvalidTaskError
 if TYPE_CHECKING:
     from django_pgtasks.models import Task
 
-from django_pgtasks.base.schedules import (
+from django_pgtasks.definition.recurrence import (
     CATCH_UP_LIMIT,
     ENTRY_KEYS,
     MAX_NAME_LENGTH,
@@ -84,7 +84,7 @@ def collect() -> tuple[dict[str, Declaration], list[Problem]]:
     Sources: every registered handler with ``schedule=`` (named after the handler), then
     the entries of ``PGTASKS["SCHEDULE"]``. Declarations with problems are left out.
     """
-    from django_pgtasks.base.registry import get_handler, registered_names
+    from django_pgtasks.definition.registry import get_handler, registered_names
 
     declarations: dict[str, Declaration] = {}
     problems: list[Problem] = []
@@ -126,7 +126,7 @@ class _EntryError(Exception):
 
 
 def _from_entry(name: Any, entry: Any, default_tz: str) -> Declaration:
-    from django_pgtasks.base.registry import get_handler
+    from django_pgtasks.definition.registry import get_handler
 
     where = f"PGTASKS['SCHEDULE'][{name!r}]"
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:

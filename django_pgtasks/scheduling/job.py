@@ -2,7 +2,7 @@
 
 A schedule is declared with ``@pgtask(schedule=...)`` or in ``PGTASKS["SCHEDULE"]``; its
 state lives in one ``pgtasks_schedule`` row (see :class:`~django_pgtasks.models.Schedule`).
-Every worker runs the scheduler job (a :mod:`~django_pgtasks.base.maintenance` job, every
+Every worker runs the scheduler job (a :mod:`~django_pgtasks.definition.maintenance_jobs` job, every
 ``PGTASKS["SCHEDULER_INTERVAL"]`` seconds). One pass:
 
 1. reads the rows of the schedules this process declares (one query) and writes the ones
@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from django_pgtasks.base import maintenance
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition import maintenance_jobs as maintenance
 
 if TYPE_CHECKING:
     pass
 
-from django_pgtasks.base.schedules import (
+from django_pgtasks.definition.recurrence import (
     CATCH_UP_LIMIT,
     default_timezone,
     zone,
@@ -181,8 +181,8 @@ def run_scheduler(using: str | None = None) -> list[int]:
 
 def database_of(declaration: Declaration) -> str:
     """The database alias that holds the schedule's state and its runs (its queue's)."""
-    from django_pgtasks.base.registry import get_handler
-    from django_pgtasks.base.routing import database_for_queue
+    from django_pgtasks.definition.registry import get_handler
+    from django_pgtasks.definition.routing import database_for_queue
 
     queue = declaration.queue
     if queue is None:

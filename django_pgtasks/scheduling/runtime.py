@@ -18,17 +18,17 @@ from zoneinfo import ZoneInfo
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import connections, transaction
 
-from django_pgtasks.base.payload import serialize_payload
-from django_pgtasks.base.registry import get_handler
-from django_pgtasks.base.schedules import (
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.options import validate_options, validate_queue
+from django_pgtasks.definition.payload import serialize_payload
+from django_pgtasks.definition.recurrence import (
     MAX_NAME_LENGTH,
     RESERVED_KWARGS,
     When,
     parse_spec,
     zone,
 )
-from django_pgtasks.base.validation import validate_options, validate_queue
-from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.registry import get_handler
 from django_pgtasks.exceptions import (
     HandlerImportError,
     InvalidPayloadError,
@@ -141,7 +141,7 @@ def validate(schedule: Schedule) -> Declaration:
     except InvalidTaskError as exc:
         field = "priority" if str(exc).lower().startswith("priority") else None
         raise ValidationError({field: [str(exc)]} if field else [str(exc)]) from None
-    from django_pgtasks.base.routing import database_for_queue
+    from django_pgtasks.definition.routing import database_for_queue
 
     alias = pgtasks_settings.DATABASE
     if database_for_queue(task.queue) != alias:
@@ -153,7 +153,7 @@ def validate(schedule: Schedule) -> Declaration:
 
 def _payload_problem(args: list[Any], kwargs: dict[str, Any]) -> str | None:
     """Why PostgreSQL could not store these arguments unchanged (a NUL character, a lone
-    surrogate, too deep, too large...; see :mod:`django_pgtasks.base.payload`), or ``None``.
+    surrogate, too deep, too large...; see :mod:`django_pgtasks.definition.payload`), or ``None``.
     Checked apart for each field, so that the form shows the error on the right one."""
     try:
         serialize_payload(args, kwargs)

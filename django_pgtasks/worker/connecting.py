@@ -36,8 +36,9 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from django_pgtasks.base.errors import format_exception, is_transient
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.sqlstates import is_transient
+from django_pgtasks.definition.error_text import format_exception
 
 logger = logging.getLogger("django_pgtasks.worker")
 

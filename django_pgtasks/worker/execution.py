@@ -13,16 +13,16 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 
-from django_pgtasks.base.errors import (
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.sqlstates import is_connection_loss
+from django_pgtasks.definition.error_text import (
     error_text,
     format_exception,
-    is_connection_loss,
     qualified_name,
     reason_text,
     truncate_error,
 )
-from django_pgtasks.base.registry import TaskHandler, cancel_was_signalled, get_handler
-from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.registry import TaskHandler, cancel_was_signalled, get_handler
 from django_pgtasks.exceptions import (
     ConnectionLost,
     LeaseLostError,
@@ -361,7 +361,7 @@ def _enqueue_followups(tasks: list[Task], using: str) -> None:
     """Insert a pipeline's next stages. Those on the finishing task's database commit with its
     completion; a stage whose queue is on another database (``PGTASKS["QUEUES"]``) is
     written there, in that database's own transaction."""
-    from django_pgtasks.base.routing import queues_on
+    from django_pgtasks.definition.routing import queues_on
 
     # A database that holds no configured queue gets every stage (tasks put there by hand).
     Task.objects.enqueue_many(tasks, using=None if queues_on(using) else using)

@@ -15,7 +15,7 @@ stop until the worker's next heartbeat, which looks for such requests too.
 
 ``PGTASKS["LISTEN"] = False`` turns this off. PgBouncer in transaction mode cannot LISTEN:
 with ``POOLER = "transaction"`` a worker listens on ``LISTEN_DATABASE`` (a direct connection,
-on a listener thread of its own) or not at all (:func:`~django_pgtasks.base.sessions.
+on a listener thread of its own) or not at all (:func:`~django_pgtasks.database.sessions.
 listen_database`).
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 
 import psycopg
 
-from django_pgtasks.base.sessions import open_connection
+from django_pgtasks.database.sessions import open_connection
 
 logger = logging.getLogger("django_pgtasks.listener")
 

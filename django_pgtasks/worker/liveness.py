@@ -39,12 +39,12 @@ from dataclasses import dataclass
 import psycopg
 from django.db import DatabaseError, InterfaceError, connections, transaction
 
-from django_pgtasks.base import maintenance
-from django_pgtasks.base.conflicts import retry_conflicts
-from django_pgtasks.base.errors import is_transient
-from django_pgtasks.base.schema import is_missing_schema
-from django_pgtasks.base.sessions import liveness_mode, open_connection
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.partition_moves import retry_conflicts
+from django_pgtasks.database.schema import is_missing_schema
+from django_pgtasks.database.sessions import liveness_mode, open_connection
+from django_pgtasks.database.sqlstates import is_transient
+from django_pgtasks.definition import maintenance_jobs as maintenance
 from django_pgtasks.lifecycle.leases import (
     ABANDONED_SQL,
     LOCK_NAMESPACE,
@@ -169,7 +169,7 @@ def _rescue_rows(alias: str, cursor) -> list[Rescued]:
 class Liveness:
     """Registration, liveness lock and heartbeat of one worker, on a session of its own.
 
-    The session is a dedicated psycopg connection (:func:`~django_pgtasks.base.sessions.
+    The session is a dedicated psycopg connection (:func:`~django_pgtasks.database.sessions.
     open_connection`, never a pooled one: the lock lives as long as the session): opened here,
     or the worker's watchdog connection handed over with :meth:`use`. Every method survives
     database errors: it logs and closes the session; the next heartbeat (or the watchdog's

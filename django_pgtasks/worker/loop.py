@@ -32,15 +32,11 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from django_pgtasks.base import tracing
-from django_pgtasks.base.errors import (
-    format_exception,
-    is_connection_loss,
-    reason_text,
-)
-from django_pgtasks.base.schema import is_missing_schema, not_migrated
-from django_pgtasks.base.sessions import transaction_pooler
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.schema import is_missing_schema, not_migrated
+from django_pgtasks.database.sessions import transaction_pooler
+from django_pgtasks.database.sqlstates import is_connection_loss
+from django_pgtasks.definition.error_text import format_exception, reason_text
 from django_pgtasks.exceptions import NotMigratedError, WorkerShutdown
 from django_pgtasks.lifecycle import release
 from django_pgtasks.lifecycle.recorder import Recorder, close_connection
@@ -48,6 +44,7 @@ from django_pgtasks.lifecycle.transitions import (
     Interrupted,
 )
 from django_pgtasks.models import Task
+from django_pgtasks.telemetry import tracing
 from django_pgtasks.worker.completion import Callbacks, PendingOutcomes
 from django_pgtasks.worker.connecting import ThreadConnections
 from django_pgtasks.worker.execution import TaskExecution

@@ -3,9 +3,9 @@
 Rescue (:mod:`~django_pgtasks.worker.liveness`), history partitions
 (:mod:`~django_pgtasks.patterns.partitions`), the purge (:mod:`~django_pgtasks.patterns.
 retention`) and the scheduler (:mod:`~django_pgtasks.scheduling.job`) register as
-maintenance jobs (:mod:`django_pgtasks.base.maintenance`). A worker runs them here, never on
-the thread that claims: a job waiting for a lock (a detach waiting for a report's transaction,
-say) delays other jobs at most, never a claim.
+maintenance jobs (:mod:`django_pgtasks.definition.maintenance_jobs`). A worker runs them here,
+never on the thread that claims: a job waiting for a lock (a detach waiting for a report's
+transaction, say) delays other jobs at most, never a claim.
 
 Its connection waits for a lock at most ``LOCK_TIMEOUT`` and runs a statement at most
 ``STATEMENT_TIMEOUT`` (session settings, not set behind a transaction pooler nor on a
@@ -26,9 +26,9 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from django_pgtasks.base import maintenance
-from django_pgtasks.base.errors import is_transient
-from django_pgtasks.base.sessions import give_back_pooled, transaction_pooler
+from django_pgtasks.database.sessions import give_back_pooled, transaction_pooler
+from django_pgtasks.database.sqlstates import is_transient
+from django_pgtasks.definition import maintenance_jobs as maintenance
 from django_pgtasks.lifecycle.recorder import close_connection
 
 # The jobs register themselves when their modules are imported: rescue (worker/liveness.py),

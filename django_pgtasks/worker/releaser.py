@@ -15,7 +15,7 @@ import threading
 
 from django.db import DatabaseError, InterfaceError
 
-from django_pgtasks.base.sessions import give_back_pooled
+from django_pgtasks.database.sessions import give_back_pooled
 from django_pgtasks.lifecycle import release
 from django_pgtasks.lifecycle.recorder import close_connection
 

@@ -17,16 +17,16 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from django_pgtasks.base.budget import (
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.connection_budget import (
     SERVER_LIMITS_SQL,
     advice,
     available_connections,
     connections_needed,
 )
-from django_pgtasks.base.routing import database_for_queue, queue_databases, queues_on
-from django_pgtasks.base.schema import missing_migrations, not_migrated
-from django_pgtasks.base.sessions import open_connection
-from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.schema import missing_migrations, not_migrated
+from django_pgtasks.database.sessions import open_connection
+from django_pgtasks.definition.routing import database_for_queue, queue_databases, queues_on
 from django_pgtasks.worker.supervisor import configure_logging
 
 logger = logging.getLogger("django_pgtasks.run_pgtasks")
@@ -40,8 +40,8 @@ def preflight(alias: str, processes: int, threads: int) -> None:
     :class:`~django_pgtasks.exceptions.NotMigratedError` when the database lacks migrations
     of django-pgtasks, and log a WARNING when ``processes`` worker processes of ``threads``
     threads may need more connections than its server accepts
-    (:mod:`django_pgtasks.base.budget`). A database that cannot be reached is left to the
-    workers, which wait for it (and stop with the same error if it comes back unmigrated)."""
+    (:mod:`django_pgtasks.database.connection_budget`). A database that cannot be reached is left
+    to the workers, which wait for it (and stop with the same error if it comes back unmigrated)."""
     if connections[alias].vendor != "postgresql":
         return  # the worker refuses such a database itself (and check E002 reports it)
     try:

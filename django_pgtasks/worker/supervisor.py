@@ -12,7 +12,7 @@ makes them exit at once. Children sit in their own process group so a terminal's
 reaches them only through the supervisor, once.
 
 When the queues to serve live on several databases (``PGTASKS["QUEUES"]`` with
-``"database"`` options, see :mod:`django_pgtasks.base.routing`), each database gets its own
+``"database"`` options, see :mod:`django_pgtasks.definition.routing`), each database gets its own
 children: every child works against one database only, so a database that goes away stalls
 its own children (which wait and reconnect) and no other.
 """
@@ -30,7 +30,7 @@ from multiprocessing.connection import wait
 from types import FrameType
 from typing import Any
 
-from django_pgtasks.base.console import show_each_state_once
+from django_pgtasks.telemetry.console import show_each_state_once
 
 logger = logging.getLogger("django_pgtasks.supervisor")
 
@@ -42,7 +42,7 @@ MAX_RESTART_PAUSE = 30.0
 def configure_logging(level: str) -> None:
     """Send django_pgtasks logs to stderr unless the project's LOGGING already handles them,
     and show each state change of a task once on the console
-    (:mod:`django_pgtasks.base.console`)."""
+    (:mod:`django_pgtasks.telemetry.console`)."""
     show_each_state_once()
     logger = logging.getLogger("django_pgtasks")
     logger.setLevel(level)

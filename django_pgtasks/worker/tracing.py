@@ -2,13 +2,13 @@
 
 :func:`start_run` opens it when a pool thread takes the task, as the child of the trace
 context stored at enqueue (in ``Task.metadata``, under
-:data:`~django_pgtasks.base.tracing.TRACE_CONTEXT_KEY`), and makes it current while the
+:data:`~django_pgtasks.telemetry.tracing.TRACE_CONTEXT_KEY`), and makes it current while the
 handler runs, so the handler's own spans (queries, HTTP calls) and the tasks it enqueues
 belong to the same trace. :func:`end_run` closes it once the run's outcome is recorded,
 whichever way the run ended: every path of :mod:`django_pgtasks.worker.execution` that hands
 in an outcome ends it, exactly once (the span is taken off the task).
 
-With tracing off (:func:`django_pgtasks.base.tracing.tracer` is ``None``) both return after
+With tracing off (:func:`django_pgtasks.telemetry.tracing.tracer` is ``None``) both return after
 one comparison. An error of the tracing code is logged, never raised: it must not keep a
 claimed task from its recorded outcome.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django_pgtasks.base import tracing
 from django_pgtasks.exceptions import Snooze, TaskCancelled
 from django_pgtasks.lifecycle.transitions import (
     Cancelled,
@@ -29,6 +28,7 @@ from django_pgtasks.lifecycle.transitions import (
     Unstarted,
 )
 from django_pgtasks.models import Status
+from django_pgtasks.telemetry import tracing
 
 logger = logging.getLogger("django_pgtasks.tracing")
 

@@ -14,12 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django_pgtasks.base.errors import (
-    reason_text,
-)
-from django_pgtasks.base.registry import cancel_signal, get_handler
-from django_pgtasks.base.sessions import listen_database
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.sessions import listen_database
+from django_pgtasks.definition.error_text import reason_text
+from django_pgtasks.definition.registry import cancel_signal, get_handler
 from django_pgtasks.exceptions import (
     PgTasksError,
     TaskTimeoutError,

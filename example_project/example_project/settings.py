@@ -5,7 +5,7 @@ Development settings, configured from the environment:
 - ``DATABASE_URL`` (e.g. ``postgres://user:pass@host:5432/pgtasks_example``), or libpq's
   ``PG*`` variables, or a local server on ``localhost:5432`` as user ``postgres``, or, where
   none of them is there, an embedded PostgreSQL server kept in ``.pgdata/embedded`` of the
-  checkout (``django_pgtasks.dev``); the database is named ``pgtasks_example`` unless one of
+  checkout (``django_pgtasks_dev``); the database is named ``pgtasks_example`` unless one of
   those says otherwise;
 - ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG`` (``1``/``0``), ``DJANGO_ALLOWED_HOSTS``
   (comma-separated), ``PGTASKS_LOG_LEVEL`` (``INFO`` shows one line per task state change).
@@ -16,7 +16,7 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-from django_pgtasks.dev import database_config
+from django_pgtasks_dev import database_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

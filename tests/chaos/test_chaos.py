@@ -77,7 +77,7 @@ def enqueue(mode: str) -> tuple[int, set[int]]:
     if mode == "django_one_attempt":
         from tests.testapp import dj_tasks
 
-        pytest.importorskip("django_pgtasks.base.compat")
+        pytest.importorskip("django_pgtasks.definition.framework")
         for _ in range(N_SMALL):
             dj_tasks.chaos_django.enqueue()
         return N_SMALL, set()

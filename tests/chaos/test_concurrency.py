@@ -14,7 +14,7 @@ from django.db import OperationalError
 from django.db.models import Count, F
 from django.db.models.functions import Now
 
-from django_pgtasks.base.conflicts import is_conflict
+from django_pgtasks.database.partition_moves import is_conflict
 from django_pgtasks.models import CLAIM_ORDER, Status, Task
 from django_pgtasks.worker.loop import Worker
 from tests.helpers import run_workers

@@ -15,7 +15,7 @@ import time
 import pytest
 from django.db import connection, connections
 
-from django_pgtasks.base.errors import is_connection_loss, is_transient
+from django_pgtasks.database.sqlstates import is_connection_loss, is_transient
 from django_pgtasks.lifecycle.recorder import Recorder
 from django_pgtasks.lifecycle.transitions import Failed, Interrupted, Succeeded
 from django_pgtasks.models import Status, Task

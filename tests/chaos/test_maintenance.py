@@ -20,8 +20,8 @@ import psycopg
 import pytest
 from django.db import connection, connections
 
-from django_pgtasks.base import maintenance
-from django_pgtasks.base.schema import DONE_TABLE
+from django_pgtasks.database.schema import DONE_TABLE
+from django_pgtasks.definition import maintenance_jobs as maintenance
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.worker.maintainer import STOP_WAIT

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from django_pgtasks.admin.workflows import MAX_LISTED
+from django_pgtasks.admin.workflow_panel import MAX_LISTED
 from django_pgtasks.lifecycle.release import release_all
 from django_pgtasks.models import Status, Task
 from django_pgtasks.monitoring import dashboard

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-compat = pytest.importorskip("django_pgtasks.base.compat")
+compat = pytest.importorskip("django_pgtasks.definition.framework")
 
 from asgiref.sync import async_to_sync  # noqa: E402
 from django.core.management import call_command  # noqa: E402
@@ -34,7 +34,7 @@ from django_pgtasks.backend import (  # noqa: E402
     resolve,
 )
 from django_pgtasks.backend.results import error_from_text  # noqa: E402
-from django_pgtasks.base.registry import get_handler  # noqa: E402
+from django_pgtasks.definition.registry import get_handler  # noqa: E402
 from django_pgtasks.models import Status  # noqa: E402
 from django_pgtasks.models import Task as Row  # noqa: E402
 from django_pgtasks.worker.loop import Worker  # noqa: E402
@@ -369,7 +369,7 @@ def test_each_state_change_is_logged_once_by_the_worker_and_once_by_django(caplo
     # once more on its own (with attempt, duration and error). run_pgtasks's console shows
     # the worker's line only (test_run_pgtasks.py::
     # test_the_console_shows_each_state_of_a_django_task_once).
-    from django_pgtasks.base.compat import TASKS_MODULE
+    from django_pgtasks.definition.framework import TASKS_MODULE
 
     ok = dj_tasks.add.enqueue(1, 2)
     failed = dj_tasks.fails.enqueue()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 
-compat = pytest.importorskip("django_pgtasks.base.compat")
+compat = pytest.importorskip("django_pgtasks.definition.framework")
 
 from django_pgtasks.backend import PgTasksBackend  # noqa: E402
 from django_pgtasks.models import Task as Row  # noqa: E402

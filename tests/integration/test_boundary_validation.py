@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from django_pgtasks.base.registry import TaskHandler
 from django_pgtasks.checks import check_settings
+from django_pgtasks.definition.registry import TaskHandler
 from django_pgtasks.exceptions import (
     FatalError,
     InvalidPayloadError,
@@ -28,7 +28,7 @@ from django_pgtasks.models import Task
 from tests.testapp import tasks
 
 try:
-    from django_pgtasks.base import compat
+    from django_pgtasks.definition import framework as compat
 except ImportError:  # neither django.tasks nor the django-tasks backport
     compat = None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgtasks.base.budget import (
+from django_pgtasks.database.connection_budget import (
     DEFAULT_POOL_SIZE,
     PROCESS_CONNECTIONS,
     advice,
@@ -74,7 +74,7 @@ def test_advice_names_the_largest_setting_that_fits() -> None:
 def server_limits() -> tuple[int, int]:
     from django.db import connection
 
-    from django_pgtasks.base.budget import SERVER_LIMITS_SQL
+    from django_pgtasks.database.connection_budget import SERVER_LIMITS_SQL
 
     with connection.cursor() as cursor:
         cursor.execute(SERVER_LIMITS_SQL)

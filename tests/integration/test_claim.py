@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.db.models.signals import post_init
 
-from django_pgtasks.base.schema import LIVE_TABLE
+from django_pgtasks.database.schema import LIVE_TABLE
 from django_pgtasks.models import Status, Task
 from tests.testapp import tasks
 
@@ -34,7 +34,7 @@ def fields_of(task: Task) -> dict:
 @pytest.mark.parametrize("controlled", [False, True], ids=["plain", "controlled"])
 def test_claimed_tasks_are_the_instances_raw_would_build(controlled: bool,
                                                         fresh_claim_mode: None) -> None:
-    """The claim decodes its rows itself (django_pgtasks.lifecycle.rows): every field must
+    """The claim decodes its rows itself (django_pgtasks.lifecycle.row_loading): every field must
     come out as Django's own raw() gives it, time zones and JSON included."""
     Task.objects.enqueue(tasks.add, 1, b={"nested": ["é", 2.5, None]}, key="k", stage="s",
                          **({"concurrency_key": "c"} if controlled else {}))

@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection, connections
 
-from django_pgtasks.base.schema import LIVE_TABLE
+from django_pgtasks.database.schema import LIVE_TABLE
 from django_pgtasks.exceptions import InvalidTaskError
 from django_pgtasks.lifecycle import claim as claiming
 from django_pgtasks.models import Status, Task, WorkerProcess

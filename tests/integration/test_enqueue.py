@@ -15,7 +15,7 @@ from django_pgtasks import (
     UnknownQueueError,
     UnknownTaskError,
 )
-from django_pgtasks.base.validation import (
+from django_pgtasks.definition.options import (
     MAX_ATTEMPTS_LIMIT,
     MAX_CONCURRENCY_LIMIT,
     PRIORITY_MAX,

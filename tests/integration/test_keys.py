@@ -149,7 +149,7 @@ def test_retry_now_leaves_a_finished_task_whose_key_is_live_again() -> None:
 
 
 def test_a_pipeline_stage_cannot_have_a_key() -> None:
-    from django_pgtasks.base.registry import TaskContext
+    from django_pgtasks.definition.registry import TaskContext
 
     task = Task.objects.enqueue(tasks.noop)
     task.followups = []

@@ -17,8 +17,8 @@ import pytest
 from django.db import connection, transaction
 from django.db.models import Count
 
-from django_pgtasks.base.schema import DONE_TABLE, FAILED_TABLE, LIVE_TABLE
 from django_pgtasks.checks import _history_warnings
+from django_pgtasks.database.schema import DONE_TABLE, FAILED_TABLE, LIVE_TABLE
 from django_pgtasks.models import ArchivedTask, Status, Task
 from django_pgtasks.models.dependencies import Dependency
 from django_pgtasks.patterns import partitions

@@ -10,8 +10,8 @@ import logging
 import pytest
 from django.conf import settings as django_settings
 
-from django_pgtasks.base.sessions import listen_database, liveness_mode
 from django_pgtasks.checks import check_connection_budget, check_pooler
+from django_pgtasks.database.sessions import listen_database, liveness_mode
 from django_pgtasks.exceptions import TaskWaitTimeout
 from django_pgtasks.models import Task
 from tests.testapp import tasks

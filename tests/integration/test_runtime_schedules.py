@@ -16,7 +16,7 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from django_pgtasks.base.schedules import Cron, Every, parse_spec
+from django_pgtasks.definition.recurrence import Cron, Every, parse_spec
 from django_pgtasks.models import Schedule, Task
 from django_pgtasks.scheduling import job as scheduling
 from django_pgtasks.scheduling.declarations import planned_at
@@ -176,7 +176,7 @@ def test_an_edit_applies_at_the_next_pass(admin_client: Client) -> None:
 
 
 def parse_tz(name: str) -> Any:
-    from django_pgtasks.base.schedules import zone
+    from django_pgtasks.definition.recurrence import zone
 
     return zone(name)
 

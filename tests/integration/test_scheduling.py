@@ -25,8 +25,9 @@ from django.db import connection, connections, transaction
 from django.urls import reverse
 
 from django_pgtasks import pgtask
-from django_pgtasks.base import registry
-from django_pgtasks.base.schedules import (
+from django_pgtasks.checks import check_schedules
+from django_pgtasks.definition import registry
+from django_pgtasks.definition.recurrence import (
     CATCH_UP_LIMIT,
     Cron,
     Every,
@@ -35,7 +36,6 @@ from django_pgtasks.base.schedules import (
     parse_when,
     zone,
 )
-from django_pgtasks.checks import check_schedules
 from django_pgtasks.models import ArchivedTask, Schedule, Status, Task
 from django_pgtasks.scheduling import job as scheduling
 from django_pgtasks.scheduling import plan, planned_at

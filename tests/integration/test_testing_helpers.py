@@ -10,7 +10,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from django_pgtasks import pgtask
-from django_pgtasks.base.registry import TaskContext
+from django_pgtasks.definition.registry import TaskContext
 from django_pgtasks.models import Status, Task
 from django_pgtasks.testing import (
     assert_enqueued,

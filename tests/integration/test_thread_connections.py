@@ -17,7 +17,7 @@ import pytest
 from django.db import connection, connections
 
 from django_pgtasks import pgtask
-from django_pgtasks.base.registry import TaskContext
+from django_pgtasks.definition.registry import TaskContext
 from django_pgtasks.models import Task
 from django_pgtasks.worker.loop import Worker
 from tests.helpers import running_worker, wait_until

@@ -23,10 +23,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 )
 from opentelemetry.trace import SpanKind, StatusCode
 
-from django_pgtasks.base import tracing
-from django_pgtasks.base.tracing import TRACE_CONTEXT_KEY
 from django_pgtasks.exceptions import InvalidTaskError
 from django_pgtasks.models import Status, Task
+from django_pgtasks.telemetry import tracing
+from django_pgtasks.telemetry.tracing import TRACE_CONTEXT_KEY
 from django_pgtasks.testing import drain
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.worker.tracing import outcome_name
@@ -255,7 +255,7 @@ def test_the_enqueue_span_records_an_enqueue_that_fails(spans: Spans) -> None:
 
 
 def test_django_tasks_backend_enqueues_are_traced(spans: Spans) -> None:
-    compat = pytest.importorskip("django_pgtasks.base.compat")
+    compat = pytest.importorskip("django_pgtasks.definition.framework")
     from tests.testapp import dj_tasks
 
     with spans.tracer.start_as_current_span("request") as request:
@@ -274,7 +274,7 @@ def test_django_tasks_backend_enqueues_are_traced(spans: Spans) -> None:
 
 
 def test_django_tasks_aenqueue_is_traced_too(spans: Spans) -> None:
-    pytest.importorskip("django_pgtasks.base.compat")
+    pytest.importorskip("django_pgtasks.definition.framework")
     from asgiref.sync import async_to_sync
 
     from tests.testapp import dj_tasks

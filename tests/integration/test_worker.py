@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from django_pgtasks import pgtask, signals
-from django_pgtasks.base.errors import truncate_error
+from django_pgtasks.definition.error_text import truncate_error
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker.loop import Worker, format_exception
 from tests.testapp import tasks

@@ -14,7 +14,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 
-from django_pgtasks.base.schema import LIVE_TABLE
+from django_pgtasks.database.schema import LIVE_TABLE
 from django_pgtasks.exceptions import InvalidTaskError
 from django_pgtasks.lifecycle.release import release_all
 from django_pgtasks.models import Dependency, PendingRelease, Status, Task, WorkflowMember
@@ -406,7 +406,7 @@ def test_the_claim_never_reads_tasks_waiting_for_parents() -> None:
 
 
 def test_django_tasks_as_steps_of_a_group_with_a_callback() -> None:
-    pytest.importorskip("django_pgtasks.base.compat")
+    pytest.importorskip("django_pgtasks.definition.framework")
     from django_pgtasks.backend.workflows import step
     from tests.testapp import dj_tasks
 
@@ -420,7 +420,7 @@ def test_django_tasks_as_steps_of_a_group_with_a_callback() -> None:
 
 
 def test_a_django_task_of_another_backend_is_refused_as_a_step() -> None:
-    pytest.importorskip("django_pgtasks.base.compat")
+    pytest.importorskip("django_pgtasks.definition.framework")
     from django_pgtasks.backend.workflows import step
     from tests.testapp import dj_tasks
 

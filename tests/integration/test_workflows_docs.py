@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgtasks.base.registry import registered_names
+from django_pgtasks.definition.registry import registered_names
 from django_pgtasks.models import Task
 from tests.conftest import ROOT
 from tests.process.test_docs import code_blocks

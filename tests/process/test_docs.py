@@ -133,7 +133,7 @@ CONSOLE = {
 #: What the reader's project, made by ``startproject``, is told besides the tutorial: its
 #: database is PostgreSQL.
 PROJECT_DATABASE = '''
-from django_pgtasks.dev import database_config
+from django_pgtasks_dev import database_config
 DATABASES = {"default": database_config("tutorial")}
 '''
 

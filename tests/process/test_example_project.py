@@ -1,5 +1,5 @@
 """The example project, exercised through its own ``manage.py`` on real PostgreSQL, and the
-choice between a configured server and the embedded one (``django_pgtasks.dev``).
+choice between a configured server and the embedded one (``django_pgtasks_dev``).
 
 The example runs in child processes. The example has its own settings (the ``shop``
 app, three queues, its own URLconf and logging) that cannot be loaded into this process,
@@ -29,7 +29,7 @@ import pytest
 from django.db import connection
 from psycopg import sql
 
-from django_pgtasks import dev
+import django_pgtasks_dev as dev
 from django_pgtasks.conf import DEFAULTS
 from tests.conftest import ROOT
 

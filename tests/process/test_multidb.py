@@ -26,8 +26,8 @@ from django.core.management import call_command
 from django.db import connections, transaction
 from django.urls import reverse
 
-from django_pgtasks.base.routing import database_for_queue, queue_databases, queues_on
 from django_pgtasks.checks import check_queue_databases, check_queue_tables, check_settings
+from django_pgtasks.definition.routing import database_for_queue, queue_databases, queues_on
 from django_pgtasks.models import Status, Task
 from django_pgtasks.scheduling import run_scheduler
 from django_pgtasks.worker.execution import _enqueue_followups
@@ -521,7 +521,7 @@ def test_pgtasks_stats_shows_every_database() -> None:
 def test_the_django_tasks_backend_routes_by_queue_and_finds_results_there(
     settings: Any,
 ) -> None:
-    compat = pytest.importorskip("django_pgtasks.base.compat")
+    compat = pytest.importorskip("django_pgtasks.definition.framework")
     from tests.testapp import dj_tasks
 
     settings.TASKS = {**settings.TASKS, "default": {

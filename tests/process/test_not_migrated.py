@@ -16,8 +16,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
 
-from django_pgtasks.base.schema import expected_migrations
 from django_pgtasks.checks import check_queue_tables
+from django_pgtasks.database.schema import expected_migrations
 from django_pgtasks.exceptions import NotMigratedError
 from django_pgtasks.models import Task
 from django_pgtasks.worker.loop import Worker
@@ -99,7 +99,7 @@ def test_every_enqueue_form_raises_not_migrated(how: str) -> None:
 @pytest.mark.parametrize("how", ["enqueue", "aenqueue", "get_result", "aget_result"])
 def test_the_django_tasks_backend_raises_not_migrated(how: str) -> None:
     """``@task`` as ``@pgtask``: the error says to migrate (a ``ProgrammingError`` still)."""
-    compat = pytest.importorskip("django_pgtasks.base.compat")
+    compat = pytest.importorskip("django_pgtasks.definition.framework")
     from asgiref.sync import async_to_sync
 
     from tests.testapp import dj_tasks

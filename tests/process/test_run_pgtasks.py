@@ -222,7 +222,7 @@ def test_a_worker_process_runs_every_side_job(subprocess_env) -> None:
     that loads the worker (as run_pgtasks does) must have all three, not only those some
     other import happened to load."""
     code = ("import django; django.setup(); import django_pgtasks.worker.loop; "
-            "from django_pgtasks.base import maintenance; "
+            "from django_pgtasks.definition import maintenance_jobs as maintenance; "
             "print(sorted(job.name for job in maintenance.jobs()))")
     process = subprocess.run([sys.executable, "-c", code], env=subprocess_env,
                              capture_output=True, text=True, timeout=120)

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from django_pgtasks.base import registry
-from django_pgtasks.base.registry import get_handler
+from django_pgtasks.definition import registry
+from django_pgtasks.definition.registry import get_handler
 from django_pgtasks.exceptions import (
     FatalError,
     HandlerImportError,
@@ -55,7 +55,7 @@ PROBE = textwrap.dedent("""
     assert "this" not in sys.modules, "imported before the probe"
     from django_pgtasks import backend
     from django_pgtasks.backend import handler as backend_handler
-    from django_pgtasks.base import registry
+    from django_pgtasks.definition import registry
     from django_pgtasks.exceptions import FatalError, UnknownTaskError
     from django_pgtasks.models import Task
 
@@ -238,7 +238,7 @@ OUTSIDE = "pgtasks_outside_h30"
 #: Another, listed in PGTASKS["TASK_MODULES"] by the settings :func:`outside_modules` writes.
 LISTED = "pgtasks_listed_h30"
 TASK_SOURCE = textwrap.dedent("""
-    from django_pgtasks.base.compat import task
+    from django_pgtasks.definition.framework import task
 
 
     @task

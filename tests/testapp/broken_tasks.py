@@ -17,7 +17,7 @@ import importlib
 import os
 
 from django_pgtasks import pgtask
-from django_pgtasks.base.compat import task
+from django_pgtasks.definition.framework import task
 
 #: The environment variable that breaks this module's import, and its values.
 FLAG = "PGTASKS_TEST_BREAK_IMPORT"

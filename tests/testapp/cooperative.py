@@ -12,7 +12,7 @@ from datetime import timedelta
 from asgiref.sync import sync_to_async
 
 from django_pgtasks import pgtask
-from django_pgtasks.base.registry import TaskContext
+from django_pgtasks.definition.registry import TaskContext
 from django_pgtasks.exceptions import Snooze
 
 from .models import Execution

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.mail import send_mail
 
-from django_pgtasks.base.compat import TaskContext, TaskResult, task
+from django_pgtasks.definition.framework import TaskContext, TaskResult, task
 
 from .models import Execution
 

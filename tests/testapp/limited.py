@@ -14,7 +14,7 @@ import time
 from django.db import connection
 
 from django_pgtasks import pgtask
-from django_pgtasks.base.registry import TaskContext
+from django_pgtasks.definition.registry import TaskContext
 
 GAUGE_TABLE = "tests_limit_gauge"
 

@@ -9,7 +9,7 @@ handler of their own for the duration of one test.
 from __future__ import annotations
 
 from django_pgtasks import pgtask
-from django_pgtasks.base.registry import TaskContext
+from django_pgtasks.definition.registry import TaskContext
 
 from .models import Execution
 

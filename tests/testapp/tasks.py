@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from django_pgtasks import FatalError, pgtask
-from django_pgtasks.base.registry import TaskContext
+from django_pgtasks.definition.registry import TaskContext
 
 from .models import Execution
 

@@ -12,8 +12,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_duration
 
-from django_pgtasks.base.routing import queue_databases
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.routing import queue_databases
 from django_pgtasks.patterns.retention import ARCHIVE_DELETED, ARCHIVED, DELETED, purge, to_seconds
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -7,8 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_pgtasks.base.routing import queue_databases
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.routing import queue_databases
 from django_pgtasks.worker.liveness import rescue
 
 

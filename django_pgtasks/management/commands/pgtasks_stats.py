@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from django_pgtasks.base import routing
+from django_pgtasks.definition import routing
 from django_pgtasks.management.arguments import positive
 from django_pgtasks.monitoring import dashboard, stats
 from django_pgtasks.monitoring.dashboard import seconds_text

@@ -2,7 +2,7 @@
 
 Each worker process works against one database. Without ``--database`` the queues to serve
 are grouped by the database that holds them
-(:func:`django_pgtasks.base.routing.database_for_queue`):
+(:func:`django_pgtasks.definition.routing.database_for_queue`):
 queues on one database run as before; queues on several run under a supervisor, with
 ``--processes`` worker processes for each database.
 """

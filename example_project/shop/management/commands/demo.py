@@ -2,7 +2,7 @@
 
 1. Create the database if it does not exist, and migrate it. Without a PostgreSQL server
    (and without ``DATABASE_URL``), the settings start an embedded one first
-   (``django_pgtasks.dev``).
+   (``django_pgtasks_dev``).
 2. Create the demo login of the admin (``demo`` / ``demo``).
 3. Seed a week of orders for a few dozen customers and queue their tasks: a confirmation
    email per order, a report rebuild per day, a review per order, the fulfilment pipeline
@@ -50,10 +50,10 @@ from django.utils import timezone
 from psycopg import sql
 
 from django_pgtasks.conf import pgtasks_settings
-from django_pgtasks.dev import is_embedded
 from django_pgtasks.models import Schedule, Status, Task
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.workflows import group
+from django_pgtasks_dev import is_embedded
 from shop.models import Customer, Order
 from shop.tasks import (
     FLAKY_DOMAIN,

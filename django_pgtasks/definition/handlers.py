@@ -3,7 +3,7 @@
 :class:`TaskHandler` holds a function and its options and knows how to run it (sync or
 async, with a time limit, cancellable); :class:`TaskContext` is what a handler that asks for
 it receives. The names that map stored tasks to handlers live in
-:mod:`django_pgtasks.base.registry`.
+:mod:`django_pgtasks.definition.registry`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from django.apps import apps
 from django_pgtasks.retry import Backoff, resolve
 
 if TYPE_CHECKING:
-    from django_pgtasks.base.rows import TaskRow
-    from django_pgtasks.base.schedules import When
+    from django_pgtasks.definition.recurrence import When
+    from django_pgtasks.definition.task_row import TaskRow
 
 MAX_NAME_LENGTH = 255
 #: Shapes of calls (positional count, keyword names) whose fit a handler remembers.
@@ -313,7 +313,7 @@ class TaskHandler:
         """
         from asgiref.sync import async_to_sync
 
-        from django_pgtasks.base.payload import normalize_result
+        from django_pgtasks.definition.payload import normalize_result
         from django_pgtasks.exceptions import FatalError, InvalidPayloadError, UnstorableResultError
 
         if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):

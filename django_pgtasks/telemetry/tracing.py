@@ -26,8 +26,8 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
-from django_pgtasks.base.errors import qualified_name
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.error_text import qualified_name
 
 logger = logging.getLogger("django_pgtasks.tracing")
 

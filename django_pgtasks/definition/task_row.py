@@ -1,6 +1,6 @@
 """What the lower layers read of a task row, as a type (the table lives in the models).
 
-The handler code in :mod:`django_pgtasks.base` and the statements of
+The handler code in :mod:`django_pgtasks.definition` and the statements of
 :mod:`django_pgtasks.lifecycle` sit below the models and never import them; they take any
 object with these attributes, which :class:`~django_pgtasks.models.Task` is.
 """

@@ -9,7 +9,7 @@ usable. Refused are:
 - types other than ``dict`` (with ``str`` keys), ``list``/``tuple``, ``str``, ``int``,
   ``float``, ``bool`` and ``None`` (subclasses too: an enum member would come back plain);
 - a NUL character or a lone surrogate in any string, dict keys and keyword argument names
-  included (see :func:`~django_pgtasks.base.validation.text_problem`);
+  included (see :func:`~django_pgtasks.definition.options.text_problem`);
 - NaN and Infinity; floats of 1e16 and more, which ``jsonb`` gives back as integers;
   integers of more than :data:`MAX_INT_DIGITS` digits, which Python's JSON cannot read back;
 - nesting deeper than ``PGTASKS["MAX_PAYLOAD_DEPTH"]``, and arguments larger than
@@ -24,8 +24,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from django_pgtasks.base.validation import text_problem
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.options import text_problem
 from django_pgtasks.exceptions import InvalidPayloadError
 
 #: Where a value sits: a label ("Task argument args", or :data:`_KWARG` and the argument's

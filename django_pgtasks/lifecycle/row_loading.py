@@ -44,7 +44,7 @@ from django.db.models.expressions import Col
 from django.db.models.signals import post_init, pre_init
 from psycopg.types.datetime import TimestamptzLoader
 
-from django_pgtasks.base.schema import is_missing_schema, not_migrated
+from django_pgtasks.database.schema import is_missing_schema, not_migrated
 
 
 class ServerBindingCursor(psycopg.Cursor):
@@ -84,7 +84,7 @@ def fast_cursor(db: str) -> Iterator[CursorWrapper]:
         try:
             yield cursor
         except DatabaseError as exc:
-            # "relation pgtasks_task does not exist": say to run migrate (base/schema.py).
+            # "relation pgtasks_task does not exist": say to run migrate (database/schema.py).
             if is_missing_schema(exc):
                 raise not_migrated(db) from exc
             raise
@@ -172,7 +172,7 @@ def _forget_plans(**kwargs: Any) -> None:
     _plans.clear()  # converters may depend on settings (USE_TZ), changed in tests
 
 
-setting_changed.connect(_forget_plans, dispatch_uid="django_pgtasks.lifecycle.rows")
+setting_changed.connect(_forget_plans, dispatch_uid="django_pgtasks.lifecycle.row_loading")
 
 
 def load_rows(model: type, db: str, sql: str, params: list[Any]) -> list[Any]:

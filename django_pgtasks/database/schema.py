@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from django_pgtasks.base.errors import sqlstates
+from django_pgtasks.database.sqlstates import sqlstates
 from django_pgtasks.exceptions import NotMigratedError
 
 #: The task table (partitioned by state since migration 0014): what every query that reads

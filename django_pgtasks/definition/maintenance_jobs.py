@@ -8,8 +8,8 @@ typically with ``pg_try_advisory_xact_lock(LOCK_NAMESPACE, <job key>)`` so that 
 a time does the work and the others skip that turn.
 
 A worker runs every job against its own database (``run(alias)``): with queues on several
-databases (:mod:`django_pgtasks.base.routing`), each database is rescued, purged and scheduled by
-its own workers.
+databases (:mod:`django_pgtasks.definition.routing`), each database is rescued, purged and
+scheduled by its own workers.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from django.db import DatabaseError, connections, transaction
 
-from django_pgtasks.base.errors import sqlstates
+from django_pgtasks.database.sqlstates import sqlstates
 
 T = TypeVar("T")
 
