@@ -41,11 +41,11 @@ from django_pgtasks.admin.filters import (
 from django_pgtasks.admin.workflow_panel import WorkflowFieldsMixin
 from django_pgtasks.definition import routing
 from django_pgtasks.definition.options import PRIORITY_MAX, PRIORITY_MIN
+from django_pgtasks.definition.status import UNSTARTED
 from django_pgtasks.models import (
     Task,
     TaskQuerySet,
 )
-from django_pgtasks.models.status import UNSTARTED
 
 
 @admin.register(Task)

@@ -6,6 +6,7 @@ called through the task manager (:mod:`.manager`); the named queries live in :mo
 Time that decides when a task may run always comes from the database clock (``now()``).
 """
 
+from django_pgtasks.definition.status import CLAIM_ORDER, FINISHED, LIVE, PENDING, Status
 from django_pgtasks.models.controls import MAX_RATE_LIMIT, KeyRateLimit, QueueControl
 from django_pgtasks.models.dependencies import (
     Dependency,
@@ -17,7 +18,6 @@ from django_pgtasks.models.fields import TimestampArrayField
 from django_pgtasks.models.manager import TaskManager
 from django_pgtasks.models.queries import CancelResult, TaskQuerySet
 from django_pgtasks.models.schedules import Schedule
-from django_pgtasks.models.status import CLAIM_ORDER, FINISHED, LIVE, PENDING, Status
 from django_pgtasks.models.task import ArchivedTask, Dashboard, Task, TaskFields
 from django_pgtasks.models.workers import WorkerProcess
 

@@ -29,15 +29,14 @@ from django_pgtasks.definition.options import (
 from django_pgtasks.definition.payload import serialize_payload, task_payload_json
 from django_pgtasks.definition.registry import TaskHandler, get_handler
 from django_pgtasks.definition.routing import database_for_queue, queues_on
+from django_pgtasks.definition.status import Status
 from django_pgtasks.definition.task_row import TaskRow
 from django_pgtasks.exceptions import InvalidTaskError, UnknownTaskError
 from django_pgtasks.lifecycle import claim as claiming
-from django_pgtasks.lifecycle import dependencies, transitions
+from django_pgtasks.lifecycle import dependencies, inserts, transitions
 from django_pgtasks.lifecycle.row_loading import load_rows
-from django_pgtasks.models import inserts
 from django_pgtasks.models.dependencies import OnParentFailure
 from django_pgtasks.models.queries import TaskQuerySet
-from django_pgtasks.models.status import Status
 from django_pgtasks.signals import task_enqueued
 from django_pgtasks.telemetry import tracing
 
@@ -218,7 +217,7 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
 
         Validation happens while building, so a bad task raises before anything is written.
         One statement takes the tasks' ids from the id sequence and the database's time, then
-        one ``COPY`` writes the rows (``django_pgtasks.models.inserts``), in the caller's
+        one ``COPY`` writes the rows (``django_pgtasks.lifecycle.inserts``), in the caller's
         transaction; the tasks come back saved, with their ids, in the order given. A
         delay is counted from the database's time, as for :meth:`enqueue`.
         """

@@ -12,13 +12,13 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_pgtasks.definition.options import validate_options
-from django_pgtasks.lifecycle import leases, operations
-from django_pgtasks.models.status import (
+from django_pgtasks.definition.status import (
     CLAIM_ORDER,
     FINISHED,
     PENDING,
     Status,
 )
+from django_pgtasks.lifecycle import leases, operations
 
 
 class CancelResult(int):

@@ -11,9 +11,9 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from django_pgtasks.definition.options import PRIORITY_MAX, PRIORITY_MIN
+from django_pgtasks.definition.status import CLAIM_ORDER, FINISHED, LIVE, PENDING, Status
 from django_pgtasks.models.manager import TaskManager
 from django_pgtasks.models.queries import CancelResult, ended_now
-from django_pgtasks.models.status import CLAIM_ORDER, FINISHED, LIVE, PENDING, Status
 
 
 class TaskFields(models.Model):

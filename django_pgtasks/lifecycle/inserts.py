@@ -24,9 +24,9 @@ from django.db.models.expressions import DatabaseDefault
 
 from django_pgtasks.database.schema import ID_SEQUENCE, LIVE_TABLE
 from django_pgtasks.definition.payload import task_payload_json
+from django_pgtasks.definition.status import Status
 from django_pgtasks.definition.task_row import TaskRow
 from django_pgtasks.lifecycle.row_loading import fast_cursor
-from django_pgtasks.models.status import Status
 
 # One task without a key: the INSERT of pgtasks_enqueue_one() (sql/enqueue.sql) (a PL/pgSQL
 # function keeps its plan for the session, where a plain INSERT would be planned anew on
