@@ -209,6 +209,19 @@ def exited(proc: subprocess.Popen) -> bool:
     return state in ("Z", "X")
 
 
+def proc_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far (all their threads), from /proc."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except OSError:
+            pass
+    return total / CLK_TCK
+
+
 def self_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime

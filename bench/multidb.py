@@ -45,6 +45,7 @@ from common import (  # noqa: E402
     connect,
     drop_database,
     machine_description,
+    proc_cpu_s,
     recreate_database,
     stop_process,
     summary,
@@ -56,19 +57,6 @@ SCRATCH = "pgtasks_bench_multidb"
 TASK = "bench.noop"
 SCENARIOS = {"first": ["default"], "second": ["second"], "both": ["default", "second"]}
 QUEUE = {"default": "default", "second": "far"}
-
-
-def proc_cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of ``pids`` so far (all their threads), from /proc."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except OSError:
-            pass
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def second_server_url() -> str:

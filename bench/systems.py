@@ -1,4 +1,4 @@
-"""The queues under test, each behind the same small interface, and the raw-SQL ceiling.
+"""The queues under test, each behind the same small interface.
 
 A :class:`System` knows how to start its workers, tell when they are ready, seed no-op tasks in
 one statement, enqueue one task, and read back from the database when each task started and
@@ -7,23 +7,17 @@ finished. bench/run.py drives them all the same way.
 
 from __future__ import annotations
 
-import resource
 import subprocess
 import tempfile
-import threading
-import time
 from dataclasses import dataclass
 
-import psycopg
 from common import (
     DJTASKS_SETTINGS,
     PGTASKS_SETTINGS,
     PROCRASTINATE_APP,
     ROOT,
     child_env,
-    connect,
     peers_python,
-    self_cpu,
 )
 
 PGTASKS_NAME = "bench.noop"
@@ -363,86 +357,3 @@ class PgQueuer(System):
             "JOIN pgqueuer_log p ON p.job_id = q.job_id AND p.status = 'picked' "
             "WHERE q.status = 'queued' ORDER BY q.job_id")
         return [float(r[0]) for r in rows]
-
-
-# -- the raw-SQL ceiling ---------------------------------------------------------------------
-
-# The raw ceiling's two statements, written for the partitioned task table as a hand-written
-# loop would be: the claim reads and updates the live partition (where waiting tasks are), the
-# completion goes through the parent (the row moves to history).
-CEILING_CLAIM = """
-UPDATE pgtasks_task_live t SET status = 'RUNNING', locked_by = %s, locked_at = now(),
-       started_at = now(), attempt = t.attempt + 1
-FROM (SELECT id FROM pgtasks_task_live WHERE status IN ('READY', 'AWAITING_RETRY')
-      AND run_after <= now() AND queue = 'default'
-      ORDER BY priority DESC, run_after, id LIMIT %s FOR UPDATE SKIP LOCKED) c
-WHERE t.id = c.id RETURNING t.id
-"""
-CEILING_DONE = ("UPDATE pgtasks_task SET status = 'SUCCESSFUL', finished_at = now(), "
-                "locked_at = NULL WHERE id = ANY(%s) AND status = 'RUNNING' AND locked_by = %s")
-
-
-def _raw_claim(conn, me: str, batch: int) -> list[int]:
-    """The claim, tried again when it met a row that another loop's completion had moved to
-    history since the claim's snapshot (SQLSTATE 40001; SKIP LOCKED skips locked rows, not
-    moved ones): what django-pgtasks' own claim does
-    (django_pgtasks/database/partition_moves.py)."""
-    while True:
-        try:
-            return [r[0] for r in conn.execute(CEILING_CLAIM, [me, batch])]
-        except psycopg.errors.SerializationFailure:
-            continue
-
-
-def _raw_loop(dbname: str, me: str, batch: int, max_seconds: float, go=None) -> None:
-    with connect(dbname) as conn:
-        if go is not None:  # every process connected before the first claim
-            go.wait()
-        deadline = time.monotonic() + max_seconds
-        while ids := _raw_claim(conn, me, batch):
-            conn.execute(CEILING_DONE, [ids, me])
-            if time.monotonic() > deadline:
-                break
-
-
-def raw_drain(dbname: str, workers: int, batch: int, max_seconds: float,
-              processes: bool = True) -> float:
-    """Plain psycopg loops on django-pgtasks' table: claim ``batch`` tasks in one statement
-    (autocommit), complete them in one guarded UPDATE; no handler, no ORM. ``workers`` loops
-    run as separate processes (like a real deployment), or as threads of this process
-    (``processes=False``, where the GIL caps them). Stops when the queue is empty or after
-    ``max_seconds``. Returns the CPU seconds the loops spent."""
-    if processes:
-        import multiprocessing
-
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        ctx = multiprocessing.get_context("spawn")
-        go = ctx.Barrier(workers + 1)
-        procs = [ctx.Process(target=_raw_loop, args=(dbname, f"raw-{i}", batch, max_seconds, go))
-                 for i in range(workers)]
-        for p in procs:
-            p.start()
-        go.wait(timeout=60)
-        for p in procs:
-            p.join()
-        if any(p.exitcode for p in procs):
-            raise RuntimeError(f"a raw loop failed: exit codes {[p.exitcode for p in procs]}")
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    cpu = self_cpu()
-    errors: list[BaseException] = []
-
-    def loop(i: int) -> None:
-        try:
-            _raw_loop(dbname, f"raw-{i}", batch, max_seconds)
-        except BaseException as exc:  # reported by the caller
-            errors.append(exc)
-
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return self_cpu() - cpu
