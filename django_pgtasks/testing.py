@@ -111,7 +111,7 @@ def drain(
         served = [q for q in queues_on(alias) if queues is None or q in queues]
         if not served:
             continue
-        runner = _inline_runner(served, alias)
+        runner = _inline_executor(alias)
         ended_with_dependents = True  # marks left by anything before this call
         while True:
             if delayed:
@@ -130,7 +130,7 @@ def drain(
             if len(result) >= limit:
                 raise RuntimeError(f"drain() ran {limit} tasks and there is still work due; "
                                    f"does a task snooze or enqueue itself forever?")
-            runner._execute(claimed[0])
+            runner.execute(claimed[0])
             ended_with_dependents = claimed[0].has_dependents
             result.tasks.append(claimed[0])
     return result
@@ -150,7 +150,7 @@ def run_task(task: Any, *, raise_errors: bool = False) -> Any:
         pk, alias = task.pk, Task.objects._task_db(task, None)
     else:
         pk, alias = task, Task.objects._db_alias(None)
-    runner = _inline_runner([], alias)
+    runner = _inline_executor(alias)
     _as_if_committed(alias)
     with transaction.atomic(using=alias, savepoint=False):
         candidates = [Task.objects.using(alias).filter(pk=pk, status__in=PENDING)
@@ -161,7 +161,7 @@ def run_task(task: Any, *, raise_errors: bool = False) -> Any:
         claimed = list(Task.objects.using(alias).raw(
             sql, [*params, runner.worker_id, runner.worker_id]))
     for row in claimed:
-        runner._execute(row)
+        runner.execute(row)
         if row.has_dependents:
             release.release_all(alias)
         if raise_errors and runner.exception is not None:
@@ -290,19 +290,27 @@ def _as_if_committed(alias: str) -> None:
 
 
 @functools.cache
-def _inline_runner_class() -> type:
-    from django_pgtasks.worker.loop import Worker
+def _inline_executor_class() -> type:
+    from django_pgtasks.lifecycle.recorder import Recorder
+    from django_pgtasks.worker.executor import Executor
 
-    class InlineRunner(Worker):
-        """The worker's execution path on the calling thread and its connection."""
+    class InlineExecutor(Executor):
+        """The worker's executor on the calling thread and its connection: no pool, no loop.
 
-        def __init__(self, queues: Sequence[str], using: str) -> None:
-            super().__init__(queues=list(queues) or None, concurrency=1, using=using,
-                             worker_id=f"inline:{secrets.token_hex(4)}", task_pause=0.0)
+        Each outcome is recorded at once, on the caller's connection (inside its transaction,
+        if any); the handler runs within a savepoint when a transaction is open; the
+        connection (and the test's transaction) stays open after the task; the handler's
+        exception of the last run is kept in :attr:`exception`.
+        """
+
+        def __init__(self, using: str) -> None:
+            super().__init__(using=using, worker_id=f"inline:{secrets.token_hex(4)}",
+                             recorder=Recorder(using), hand_in=self._record_now, batched=False)
             self.exception: BaseException | None = None
-            # No loop runs here to record handed-in outcomes: each is recorded at once, on
-            # the caller's connection (inside its transaction, if any).
-            self.batched = False
+
+        def _record_now(self, task: Any, outcome: Any, done: Any) -> None:
+            """What the loop does with an outcome handed in, at once: no loop runs here."""
+            done(self.recorder.record([(task, outcome)])[task.pk])
 
         def _call(self, handler: TaskHandler, task: Any) -> Any:
             connection = connections[self.using]
@@ -331,13 +339,13 @@ def _inline_runner_class() -> type:
             self.exception = exception
             super()._finished(task, duration, exception)
 
-    return InlineRunner
+    return InlineExecutor
 
 
-def _inline_runner(queues: Sequence[str], using: str) -> Any:
-    """An in-test runner (its class is built on first use: the worker module needs the app
-    registry, and this module may be imported before it is ready)."""
-    return _inline_runner_class()(queues, using)
+def _inline_executor(using: str) -> Any:
+    """An in-test executor (its class is built on first use: the worker's modules need the
+    app registry, and this module may be imported before it is ready)."""
+    return _inline_executor_class()(using)
 
 
 #: ``savepoint()`` is ``savepoint_create()`` from Django 6.1 on.

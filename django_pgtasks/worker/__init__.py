@@ -1,7 +1,8 @@
 """The worker: what ``manage.py run_pgtasks`` runs.
 
-:mod:`.loop` (wait, claim, submit, record), :mod:`.execution` (one task on a pool thread),
-:mod:`.pool` (the handler threads), :mod:`.completion` (outcomes handed back to the loop),
+:mod:`.loop` (wait, claim, submit, record: the ``Worker`` that holds the other parts),
+:mod:`.executor` (one task on a pool thread), :mod:`.pool` (the handler threads),
+:mod:`.prefetch` (how much to claim), :mod:`.completion` (outcomes handed back to the loop),
 :mod:`.watchdog` and :mod:`.listener` (heartbeats, cancellations, time limits, wake-ups),
 :mod:`.liveness` (registration, rescue) and :mod:`.supervisor` (several processes).
 """

@@ -7,7 +7,8 @@ worker's loop, on the connection it already has for claims, records everything h
 within ``COMPLETION_WINDOW`` seconds (at most ``COMPLETION_BATCH`` per statement) through its
 :class:`~django_pgtasks.lifecycle.recorder.Recorder`, which splits a batch the database refuses
 so only the culprit fails. What follows an outcome (the handler's ``finished()``, the signals, the
-log line) then runs at once on a thread of its own (:class:`Callbacks`).
+log line) then runs at once on a thread of its own (:class:`Callbacks`). :class:`Completion`
+is the worker's part that holds both.
 
 So a worker's own work needs four connections whatever its number of threads: the loop's
 (claims, outcomes), the watchdog's (liveness, notifications), the maintainer's (rescue,
@@ -34,13 +35,92 @@ from typing import Any
 
 from django.db import connections
 
-from django_pgtasks.lifecycle.transitions import Outcome
+from django_pgtasks.lifecycle.recorder import Recorder
+from django_pgtasks.lifecycle.transitions import Interrupted, Outcome
+from django_pgtasks.worker.tracing import end_run
 
 logger = logging.getLogger("django_pgtasks.worker")
+
+#: Most outcomes recorded by one batched statement.
+COMPLETION_BATCH = 500
 
 #: An outcome handed in, what to call once it is recorded (with the task's new status: ``""``
 #: if it was no longer held, ``None`` if nothing could be recorded), and when it came.
 Entry = tuple[Any, Outcome, Callable[[str | None], None], float]
+
+
+class Completion:
+    """The worker's part that records the outcomes handed in, in batches, on the loop's
+    thread and connection, then runs their callbacks on the callbacks' thread.
+
+    It owns the outcomes waiting to be recorded (:class:`PendingOutcomes`) and the callbacks'
+    thread (:class:`Callbacks`); it records through the ``recorder`` it is given, and talks
+    back through ``wakeup`` (an outcome was handed in), ``on_release()`` (a task with
+    dependents ended) and ``lost()`` (some outcome could not be recorded).
+    """
+
+    def __init__(self, recorder: Recorder, *, window: float, wakeup: threading.Event,
+                 on_release: Callable[[], None], lost: Callable[[], None]) -> None:
+        self.recorder = recorder
+        self._pending = PendingOutcomes(window, COMPLETION_BATCH)
+        self._callbacks = Callbacks()
+        self._wakeup = wakeup
+        self._on_release = on_release
+        self._lost = lost
+
+    def hand_in(self, task: Any, outcome: Outcome,
+                done: Callable[[str | None], object] | None = None) -> None:
+        """Take ``outcome`` to record it with the others (then ``done(status)`` runs on the
+        callbacks' thread; by default, it ends the run's span), and wake the loop.
+        Thread-safe: called by pool threads and the watchdog."""
+        if done is None:
+            def done(status: str | None) -> None:
+                end_run(task, status, outcome, None)
+
+        self._pending.add(task, outcome, done)
+        self._wakeup.set()
+
+    def due_in(self) -> float | None:
+        """Seconds until the outcomes handed in should be recorded (``None``: none waits)."""
+        return self._pending.due_in()
+
+    def ids(self) -> set[int]:
+        """Ids of the tasks whose outcome is handed in and not recorded yet."""
+        return self._pending.ids()
+
+    def record(self, everything: bool = False) -> None:
+        """Record the outcomes handed in, once the oldest has waited ``COMPLETION_WINDOW``
+        (or a batch is full; ``everything``: all of them now), then run their callbacks on
+        the callbacks' thread (not a pool thread, which may be busy for hours)."""
+        while (due := self._pending.due_in()) is not None and (everything or due <= 0):
+            entries = self._pending.take()
+            try:
+                statuses = self.recorder.record([(task, outcome) for task, outcome, *_ in entries])
+            except Exception:  # a defect in recording itself: the orphan check takes over
+                logger.exception("Error while recording %d outcome(s).", len(entries))
+                statuses = {}
+            self._pending.forget(entries)
+            if any(getattr(task, "has_dependents", False) for task, *_ in entries):
+                self._on_release()  # the notification may be off or late
+            if any(statuses.get(task.pk) is None for task, *_ in entries):
+                self._lost()
+            # The batch's callbacks go to their thread as one job, not one each: a hand-off to
+            # a thread costs more than a quick callback (signals, a log line).
+            calls = [(done, statuses.get(task.pk)) for task, _outcome, done, _at in entries]
+            self._callbacks.call(lambda calls=calls: _call_each(calls))
+
+    def interrupt(self, tasks: list[Any], reason: str) -> None:
+        """Record the runs of ``tasks`` as interrupted, now and on this thread: the worker
+        exits without waiting for them (a shutdown past its grace)."""
+        interrupted = Interrupted(reason)
+        statuses = self.recorder.record([(task, interrupted) for task in tasks])
+        for task in tasks:  # their threads may never finish: their spans end here
+            end_run(task, statuses.get(task.pk), interrupted, None)
+
+    def stop(self, timeout: float) -> bool:
+        """Let the callbacks called so far run, then end their thread; ``False`` if they
+        still run after ``timeout`` seconds (see :meth:`Callbacks.stop`)."""
+        return self._callbacks.stop(timeout)
 
 
 class PendingOutcomes:
@@ -140,3 +220,12 @@ def _give_back_connections() -> None:
         if (getattr(conn, "pool", None) is not None
                 or (conn.errors_occurred and not conn.is_usable())):
             conn.close()
+
+
+def _call_each(calls: list[tuple[Callable[[str | None], object], str | None]]) -> None:
+    """Call each ``done(status)``; one that raises is logged and the others still run."""
+    for done, status in calls:
+        try:
+            done(status)
+        except Exception:
+            logger.exception("Error in a callback run after a task's outcome was recorded.")

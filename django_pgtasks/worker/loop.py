@@ -11,10 +11,13 @@ One ``Worker`` is one process's worth of work (``--processes`` runs several unde
                                                    safety net; no transaction open while idle)
 
 No transaction ever spans more than one claim or one completion, so an idle or busy worker
-never pins the xmin horizon. Nothing else runs on the loop's thread: the watchdog
-(:mod:`~django_pgtasks.worker.watchdog`) keeps the worker alive and the maintainer
-(:mod:`~django_pgtasks.worker.maintainer`) runs rescue, partitions, purge and scheduler, each on
-a thread and session of its own.
+never pins the xmin horizon. Nothing else runs on the loop's thread. The worker is composed of
+parts that each own their state and talk to the loop through the callbacks they are given:
+the executor (:mod:`~django_pgtasks.worker.executor`) runs a task on a pool thread, the
+watchdog (:mod:`~django_pgtasks.worker.watchdog`) keeps the worker alive, the releaser
+(:mod:`~django_pgtasks.worker.releaser`) releases workflow children and the maintainer
+(:mod:`~django_pgtasks.worker.maintainer`) runs rescue, partitions, purge and scheduler, each
+but the executor on a thread and session of its own.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
@@ -40,32 +43,22 @@ from django_pgtasks.definition.error_text import format_exception, reason_text
 from django_pgtasks.exceptions import NotMigratedError, WorkerShutdown
 from django_pgtasks.lifecycle import release
 from django_pgtasks.lifecycle.recorder import Recorder, close_connection
-from django_pgtasks.lifecycle.transitions import (
-    Interrupted,
-)
 from django_pgtasks.models import Task
 from django_pgtasks.telemetry import tracing
-from django_pgtasks.worker.completion import Callbacks, PendingOutcomes
-from django_pgtasks.worker.connecting import ThreadConnections
-from django_pgtasks.worker.execution import TaskExecution
+from django_pgtasks.worker.completion import Completion
+from django_pgtasks.worker.executor import Executor, retry_after
 from django_pgtasks.worker.listener import Listener
 from django_pgtasks.worker.liveness import Liveness
 from django_pgtasks.worker.maintainer import Maintainer
 from django_pgtasks.worker.pool import ThreadPool
+from django_pgtasks.worker.prefetch import Prefetch
 from django_pgtasks.worker.releaser import Releaser
-from django_pgtasks.worker.tracing import end_run
 from django_pgtasks.worker.watchdog import Watchdog, time_limit
 
 __all__ = ["ThreadPool", "Worker", "default_worker_id", "format_exception"]
 
 logger = logging.getLogger("django_pgtasks.worker")
 
-#: Most successes recorded by one batched UPDATE.
-COMPLETION_BATCH = 500
-#: ``PREFETCH = "auto"`` never holds more than this many waiting tasks per thread.
-AUTO_PREFETCH_PER_THREAD = 10
-#: Weight of the latest run in the running mean of run times that "auto" prefetch follows.
-RUN_TIME_WEIGHT = 0.1
 #: Longest pause between two claims while the database refuses connections: a worker resumes
 #: within this time once the server is back.
 RECONNECT_PAUSE_MAX = 2.0
@@ -86,11 +79,16 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-class Worker(TaskExecution):
+class Worker:
     """Runs tasks from ``queues`` with ``concurrency`` threads until stopped.
 
     ``burst=True`` returns as soon as no task is due and none is running (for tests, cron
     and CI). Every other argument defaults to the matching ``PGTASKS`` setting.
+
+    The worker owns the loop's state (what to claim and when, the outcomes handed in, the
+    exit code) and holds its parts: :attr:`executor` (what the pool threads run),
+    :attr:`watchdog`, :attr:`releaser` and :attr:`maintainer`. Each part owns its own state;
+    the worker gives it callbacks, and calls only its public methods.
     """
 
     def __init__(
@@ -117,17 +115,9 @@ class Worker(TaskExecution):
         self.shutdown_grace = s.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
         self.using = using or s.DATABASE
         self.parent_pid = parent_pid
-        #: Tasks claimed beyond the free threads: a number, or "auto" (:meth:`_prefetch`).
-        self.prefetch = s.PREFETCH if prefetch is None else prefetch
-        self.prefetch_horizon = s.PREFETCH_HORIZON
-        #: Running mean of this worker's run times (seconds), for "auto" prefetch.
-        self.mean_run_time: float | None = None
-        #: Outcomes handed in by pool threads (and the watchdog), recorded by the loop.
-        self.outcomes = PendingOutcomes(s.COMPLETION_WINDOW, COMPLETION_BATCH)
-        #: What follows a recorded outcome (signals, finished(), its log line), in order.
-        self.callbacks = Callbacks()
-        #: Pool threads hand their outcomes in (else each records its own at once).
-        self.batched = s.COMPLETION_WINDOW > 0
+        #: How many tasks to claim: the free threads, and some beyond (a number, or "auto").
+        self.prefetch = Prefetch(s.PREFETCH if prefetch is None else prefetch,
+                                 self.concurrency, s.PREFETCH_HORIZON)
         self._stop = threading.Event()
         self._stopping = threading.Lock()
         self._force = threading.Event()
@@ -146,17 +136,26 @@ class Worker(TaskExecution):
         self.recorder = Recorder(self.using, give_up=self._force)
         #: Releases the children of ended parents, on a thread of its own.
         self.releaser = Releaser(self.using, interval=max(self.poll_interval, 0.1))
+        #: The outcomes handed in (by pool threads and the watchdog), recorded by the loop in
+        #: batches; then their callbacks (signals, finished(), log lines), on their thread.
+        self.completion = Completion(self.recorder, window=s.COMPLETION_WINDOW,
+                                     wakeup=self._wakeup, on_release=self.releaser.wake,
+                                     lost=self._lost_outcomes)
         #: Heartbeats, cancellations, time limits and wake-ups, on a thread of its own.
         self.watchdog = Watchdog(
             worker_id=self.worker_id, using=self.using, queues=self.queues,
             concurrency=self.concurrency, liveness=self.liveness, wakeup=self._wakeup,
             pool=lambda: self._pool, on_release=self.releaser.wake,
-            hand_in=self._hand_in, retry_after=self._retry_after, stop=self._stop_with,
+            hand_in=self.completion.hand_in, retry_after=retry_after, stop=self._stop_with,
             parent_pid=self.parent_pid)
-        #: The pool threads' connections, got before a handler starts.
-        self.thread_connections = ThreadConnections(self.using, self.worker_id,
-                                                    self.concurrency)
-        self.processed = 0
+        #: Runs one task on a pool thread and hands its outcome in (or, with
+        #: COMPLETION_WINDOW = 0, records it itself).
+        self.executor = Executor(
+            using=self.using, worker_id=self.worker_id, concurrency=self.concurrency,
+            recorder=self.recorder, hand_in=self.completion.hand_in,
+            batched=s.COMPLETION_WINDOW > 0, rest=self._rest, ran=self.prefetch.ran,
+            lost=self._lost_outcomes, request_stop=self.request_stop,
+            task_pause=self.task_pause, stopping=self._stop)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -164,19 +163,7 @@ class Worker(TaskExecution):
         """Work until stopped (or, in burst mode, until idle). Returns a process exit code."""
         if install_signals:
             self._install_signal_handlers()
-        # Whether runs are traced, decided again now that the project (and its OpenTelemetry
-        # SDK, if any) is set up.
-        tracing.decide()
-        logger.info(
-            "Worker %s started: queues=%s concurrency=%d burst=%s",
-            self.worker_id, ",".join(self.queues), self.concurrency, self.burst,
-        )
-        pool = self._pool = ThreadPool(self.concurrency, self._execute, self._wakeup,
-                                       on_crash=self._crashed)
-        self.watchdog.start()  # registers the worker first
-        if not self.burst:  # a burst worker releases on its loop when idle (_release_now)
-            self.releaser.start()
-        self.maintainer.start()
+        pool = self._start()
         try:
             if self.burst:  # what the rescue and the scheduler give back or make is work too
                 self.maintainer.wait_first_round()
@@ -184,30 +171,17 @@ class Worker(TaskExecution):
             while not self._stop.is_set():
                 if self._check_orphans:
                     self._give_back_orphans()
-                self._record_outcomes()
+                self.completion.record()
                 busy = pool.busy  # sampled before the claim, see the burst check below
-                recording = self.outcomes.due_in() is not None
-                # Threads the database refused a connection rest meanwhile: nothing is
-                # claimed for them (worker/connecting.py).
-                threads = self.concurrency - pool.resting
-                # Claim when a thread is free; with prefetch, once the prefetched tasks have
-                # all started, and then enough to fill the threads and the prefetch again.
-                prefetch = self._prefetch() if threads > 0 else 0
-                full = busy >= threads + (1 if prefetch else 0)
-                if full or not (look or self._poll_due()):
+                recording = self.completion.due_in() is not None
+                wanted = self.prefetch.wanted(self.concurrency - pool.resting, busy)
+                if not wanted or not (look or self._poll_due()):
                     # Until woken (new work, a free slot), the next poll, or maintenance.
                     look = self._sleep(self._idle_timeout()) or look
                     continue
-                wanted = threads + prefetch - busy
                 tasks = self._claim(wanted)
                 if tasks is None:  # database error: paused already, try again
                     continue
-                self._next_poll = time.monotonic() + self.poll_interval
-                # A rate limit (or a full concurrency key) held tasks back: look again as soon
-                # as it may allow more (django_pgtasks.lifecycle.claim).
-                retry_in = getattr(tasks, "retry_in", None)
-                if retry_in is not None:
-                    self._next_poll = min(self._next_poll, time.monotonic() + retry_in)
                 for task in tasks:
                     pool.submit(task, time_limit(task))
                 look = len(tasks) == wanted  # a full claim: there may be more waiting
@@ -215,8 +189,8 @@ class Worker(TaskExecution):
                     continue
                 # Idle only if nothing ran or waited to be recorded when the claim began: a
                 # task finishing during the claim may have just made itself due again (a
-                # retry), after its snapshot.
-                if not busy and not recording and self.burst and retry_in is None:
+                # retry), after its snapshot; nor while a rate limit holds tasks back.
+                if self.burst and not (busy or recording or _held_back(tasks)):
                     if self._release_now():
                         continue
                     break
@@ -224,25 +198,51 @@ class Worker(TaskExecution):
             self.maintainer.stop()
             code = max(self._shutdown(pool), self._exit_code)
         finally:
-            self.maintainer.join()
-            self._record_outcomes(everything=True)
-            # The outcome lines and signals of every recorded task come before "stopped",
-            # also after a second Ctrl+C.
-            if not self.callbacks.stop(CALLBACKS_STOP_WAIT):
-                logger.warning("Worker %s: callbacks of recorded outcomes still running after "
-                               "%gs; not waiting for them.", self.worker_id,
-                               CALLBACKS_STOP_WAIT)
-            self.releaser.stop()
-            self.watchdog.stop()  # unregisters the worker
-            connections[self.using].close()
+            self._stop_parts()
         logger.info("Worker %s stopped after %d task(s).", self.worker_id, self.processed)
         return code
+
+    def _start(self) -> ThreadPool:
+        """Start the pool (running the executor) and the parts with threads of their own."""
+        # Whether runs are traced, decided again now that the project (and its OpenTelemetry
+        # SDK, if any) is set up.
+        tracing.decide()
+        logger.info(
+            "Worker %s started: queues=%s concurrency=%d burst=%s",
+            self.worker_id, ",".join(self.queues), self.concurrency, self.burst,
+        )
+        pool = self._pool = ThreadPool(self.concurrency, self.executor.execute, self._wakeup,
+                                       on_crash=self.executor.crashed)
+        self.watchdog.start()  # registers the worker first
+        if not self.burst:  # a burst worker releases on its loop when idle (_release_now)
+            self.releaser.start()
+        self.maintainer.start()
+        return pool
+
+    def _stop_parts(self) -> None:
+        """Record what is left, let the callbacks finish, stop the parts (the watchdog last:
+        it unregisters the worker)."""
+        self.maintainer.join()
+        self.completion.record(everything=True)
+        # The outcome lines and signals of every recorded task come before "stopped", also
+        # after a second Ctrl+C.
+        if not self.completion.stop(CALLBACKS_STOP_WAIT):
+            logger.warning("Worker %s: callbacks of recorded outcomes still running after "
+                           "%gs; not waiting for them.", self.worker_id, CALLBACKS_STOP_WAIT)
+        self.releaser.stop()
+        self.watchdog.stop()  # unregisters the worker
+        connections[self.using].close()
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and finish what it runs (thread-safe)."""
         self._stop.set()
         self._wakeup.set()
         self.maintainer.stop()
+
+    @property
+    def processed(self) -> int:
+        """Runs ended since the worker started."""
+        return self.executor.processed
 
     @property
     def listener(self) -> Listener | None:
@@ -261,23 +261,19 @@ class Worker(TaskExecution):
         self._wakeup.clear()
         return woken
 
-    def _prefetch(self) -> int:
-        """Tasks to claim beyond the free threads. ``"auto"``: what the threads run in about
-        ``PREFETCH_HORIZON`` seconds at the recent mean run time, so that a prefetched task
-        waits about that long at most: none before a run time is known or for tasks longer
-        than the horizon, up to ``AUTO_PREFETCH_PER_THREAD`` per thread for very short ones."""
-        if self.prefetch != "auto":
-            return self.prefetch
-        mean = self.mean_run_time
-        if mean is None:
-            return 0
-        ahead = self.concurrency * self.prefetch_horizon / max(mean, 1e-6)
-        return min(int(ahead), AUTO_PREFETCH_PER_THREAD * self.concurrency)
+    # -- callbacks of the parts (called on their threads) ----------------------------------
 
-    def _ran(self, seconds: float) -> None:
-        """A pool thread ran a task for ``seconds`` (handler and hand-in): update the mean."""
-        mean = self.mean_run_time
-        self.mean_run_time = seconds if mean is None else mean + (seconds - mean) * RUN_TIME_WEIGHT
+    def _rest(self, seconds: float) -> None:
+        """The calling pool thread takes no task for ``seconds`` (its connection was
+        refused)."""
+        if self._pool is not None:
+            self._pool.rest(seconds)
+
+    def _lost_outcomes(self) -> None:
+        """Outcomes could not be recorded (the database stayed unreachable): give those tasks
+        back at the next turn of the loop."""
+        self._check_orphans = True
+        self._wakeup.set()
 
     def _poll_due(self) -> bool:
         """Time for the safety-net poll, or for a delayed task the listener heard of."""
@@ -291,7 +287,7 @@ class Worker(TaskExecution):
         outcomes due and by the earliest delayed task the listener heard of."""
         now = time.monotonic()
         timeout = self._next_poll - now
-        if (due := self.outcomes.due_in()) is not None:
+        if (due := self.completion.due_in()) is not None:
             timeout = min(timeout, due)
         if self.listener is not None and (due := self.listener.seconds_until_due()) is not None:
             timeout = min(timeout, due)
@@ -312,6 +308,8 @@ class Worker(TaskExecution):
             self._session = connection.connection
 
     def _claim(self, limit: int) -> list[Task] | None:
+        """Claim up to ``limit`` tasks and set the next poll (``None``: a database error, after
+        its pause)."""
         try:
             self._prepare_session()
             tasks = Task.objects.claim(self.worker_id, self.queues, limit=limit, using=self.using)
@@ -320,6 +318,11 @@ class Worker(TaskExecution):
             self._database_error("claiming tasks", exc)
             return None
         self._error_pause = pgtasks_settings.ERROR_PAUSE
+        self._next_poll = time.monotonic() + self.poll_interval
+        # A rate limit (or a full concurrency key) held tasks back: look again as soon as it
+        # may allow more (django_pgtasks.lifecycle.claim).
+        if (retry_in := getattr(tasks, "retry_in", None)) is not None:
+            self._next_poll = min(self._next_poll, time.monotonic() + retry_in)
         return tasks
 
     def _give_back_orphans(self) -> None:
@@ -333,7 +336,7 @@ class Worker(TaskExecution):
         try:
             held = list(Task.objects.using(self.using).held_by(self.worker_id))
             known = self._pool.ids() if self._pool is not None else set()
-            known |= self.outcomes.ids()
+            known |= self.completion.ids()
             orphans = [task for task in held if task.pk not in known]
             if orphans:
                 count = Task.objects.unclaim(orphans, using=self.using)
@@ -344,36 +347,6 @@ class Worker(TaskExecution):
         except (DatabaseError, InterfaceError) as exc:
             logger.error("Could not look for tasks of a lost claim: %s", exc)
             close_connection(self.using)
-
-    def _lost_outcomes(self) -> None:
-        """Outcomes could not be recorded (the database stayed unreachable): give those tasks
-        back at the next turn of the loop."""
-        self._check_orphans = True
-        self._wakeup.set()
-
-    def _record_outcomes(self, everything: bool = False) -> None:
-        """Record the outcomes handed in, once the oldest has waited ``COMPLETION_WINDOW``
-        (or a batch is full; ``everything``: all of them now), then run their callbacks on
-        the callbacks' thread (not a pool thread, which may be busy for hours)."""
-        while (due := self.outcomes.due_in()) is not None and (everything or due <= 0):
-            entries = self.outcomes.take()
-            try:
-                statuses = self.recorder.record([(task, outcome) for task, outcome, *_ in entries])
-            except Exception:  # a defect in recording itself: the orphan check takes over
-                logger.exception("Error while recording %d outcome(s).", len(entries))
-                statuses = {}
-            self.outcomes.forget(entries)
-            if any(getattr(task, "has_dependents", False) for task, *_ in entries):
-                self.releaser.wake()  # the notification may be off or late
-            if any(statuses.get(task.pk) is None for task, *_ in entries):
-                self._lost_outcomes()
-            # The batch's callbacks go to their thread as one job, not one each: a hand-off to
-            # a thread costs more than a quick callback (signals, a log line).
-            calls = [(done, statuses.get(task.pk)) for task, _outcome, done, _at in entries]
-            if self._pool is not None:
-                self.callbacks.call(lambda calls=calls: _call_each(calls))
-            else:
-                _call_each(calls)
 
     def _release_now(self) -> bool:
         """A burst worker about to stop: release on this thread what is due (children of
@@ -449,33 +422,26 @@ class Worker(TaskExecution):
                 logger.error("Could not give back prefetched tasks: %s", exc)
         deadline = time.monotonic() + self.shutdown_grace
         while pool.busy and not self._force.is_set() and time.monotonic() < deadline:
-            self._record_outcomes()
+            self.completion.record()
             self._sleep(min(0.2, max(deadline - time.monotonic(), 0.01),
-                            self.outcomes.due_in() or 0.2))
+                            self.completion.due_in() or 0.2))
         if not pool.busy:
-            self._record_outcomes(everything=True)
+            self.completion.record(everything=True)
             pool.shutdown()
             return 0
         # Tasks still running past the grace period: their runs are interrupted (not failed)
         # and they go back to their place in the queue now, rather than when the rescue finds
         # them; then exit without waiting for their threads (Python cannot interrupt one).
-        self._record_outcomes(everything=True)
+        self.completion.record(everything=True)
         unfinished = pool.running()
         reason = reason_text(WorkerShutdown, f"Worker {self.worker_id} shut down before the "
                                              f"task finished (grace {self.shutdown_grace:g}s).")
-        interrupted = Interrupted(reason)
-        statuses = self.recorder.record([(task, interrupted) for task in unfinished])
-        for task in unfinished:  # their threads may never finish: their spans end here
-            end_run(task, statuses.get(task.pk), interrupted, None)
+        self.completion.interrupt(unfinished, reason)
         logger.warning("Worker %s exiting with %d task(s) unfinished; they were given back.",
                        self.worker_id, len(unfinished))
         return 1
 
 
-def _call_each(calls: list[tuple[Callable[[str | None], object], str | None]]) -> None:
-    """Call each ``done(status)``; one that raises is logged and the others still run."""
-    for done, status in calls:
-        try:
-            done(status)
-        except Exception:
-            logger.exception("Error in a callback run after a task's outcome was recorded.")
+def _held_back(tasks: list[Task]) -> bool:
+    """Whether a rate limit or a full concurrency key held due tasks back from a claim."""
+    return getattr(tasks, "retry_in", None) is not None

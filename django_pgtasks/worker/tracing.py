@@ -5,7 +5,7 @@ context stored at enqueue (in ``Task.metadata``, under
 :data:`~django_pgtasks.telemetry.tracing.TRACE_CONTEXT_KEY`), and makes it current while the
 handler runs, so the handler's own spans (queries, HTTP calls) and the tasks it enqueues
 belong to the same trace. :func:`end_run` closes it once the run's outcome is recorded,
-whichever way the run ended: every path of :mod:`django_pgtasks.worker.execution` that hands
+whichever way the run ended: every path of :mod:`django_pgtasks.worker.executor` that hands
 in an outcome ends it, exactly once (the span is taken off the task).
 
 With tracing off (:func:`django_pgtasks.telemetry.tracing.tracer` is ``None``) both return after

@@ -34,7 +34,7 @@ def test_with_a_zero_window_each_success_is_recorded_on_its_own(settings) -> Non
     Task.objects.enqueue_bulk(tasks.add, [(i, i) for i in range(20)])
     worker = Worker(concurrency=1, burst=True)
     assert worker.run(install_signals=False) == 0
-    assert not worker.batched
+    assert not worker.executor.batched
     assert len(set(finish_times())) == 20
 
 
@@ -114,9 +114,9 @@ def test_auto_prefetch_claims_ahead_for_short_tasks() -> None:
     worker = Worker(concurrency=2, burst=True, prefetch="auto")
     seen = run_recording_pool_sizes(worker)
     assert Task.objects.succeeded().count() == 300
-    assert worker.mean_run_time is not None
-    assert worker.mean_run_time < 0.05
-    assert worker._prefetch() > 0
+    assert worker.prefetch.mean_run_time is not None
+    assert worker.prefetch.mean_run_time < 0.05
+    assert worker.prefetch.ahead() > 0
     assert max(seen) > 2  # tasks were held beyond the two threads
 
 
@@ -125,5 +125,5 @@ def test_auto_prefetch_takes_nothing_ahead_for_long_tasks() -> None:
     worker = Worker(concurrency=1, burst=True, prefetch="auto")
     seen = run_recording_pool_sizes(worker)
     assert Task.objects.succeeded().count() == 3
-    assert worker._prefetch() == 0  # 0.3 s tasks are longer than PREFETCH_HORIZON
+    assert worker.prefetch.ahead() == 0  # 0.3 s tasks are longer than PREFETCH_HORIZON
     assert max(seen) == 1  # never more than the one running

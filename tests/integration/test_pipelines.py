@@ -54,7 +54,7 @@ def test_followups_of_an_attempt_that_loses_its_lease_are_discarded() -> None:
     from tests.testapp.tasks import transform
 
     task.followups.append(Task.objects.build(transform, task.pk, 2))
-    worker._succeed_with_followups(task, tasks.extract, 1, 0.0)
+    worker.executor._succeed_with_followups(task, tasks.extract, 1, 0.0)
     assert Task.objects.count() == 1  # no next stage without this stage's success
     assert Task.objects.get(pk=task.pk).status == Status.CANCELLED
 

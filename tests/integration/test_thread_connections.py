@@ -67,7 +67,7 @@ def test_a_thread_refused_a_connection_gives_its_task_back_unstarted(caplog) -> 
         proxy.refuse(600)
         task = Task.objects.enqueue(tasks.log_execution)
         # Both threads have been refused (each rests) and the task is back, unspent.
-        wait_until(lambda: worker.thread_connections.refused >= 2 and worker._pool.resting
+        wait_until(lambda: worker.executor.thread_connections.refused >= 2 and worker._pool.resting
                    and Task.objects.get(pk=task.pk).status == "READY",
                    what="the task given back by refused threads")
         row = Task.objects.get(pk=task.pk)

@@ -30,7 +30,7 @@ from django_pgtasks.checks import check_queue_databases, check_queue_tables, che
 from django_pgtasks.definition.routing import database_for_queue, queue_databases, queues_on
 from django_pgtasks.models import Status, Task
 from django_pgtasks.scheduling import run_scheduler
-from django_pgtasks.worker.execution import _enqueue_followups
+from django_pgtasks.worker.executor import _enqueue_followups
 from django_pgtasks.worker.liveness import rescue
 from django_pgtasks.worker.loop import Worker
 from tests.conftest import ROOT, manage_command

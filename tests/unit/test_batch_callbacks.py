@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from django_pgtasks.worker.loop import _call_each
+from django_pgtasks.worker.completion import _call_each
 
 
 def test_a_failing_callback_does_not_stop_the_others_of_its_batch(

@@ -1,5 +1,10 @@
-"""Running one task, on a pool thread: call its handler, turn what it returned or raised
-into an outcome, hand the outcome to the loop, then run the callbacks.
+"""The executor: one claimed task on a pool thread. It calls the task's handler, turns what
+it returned or raised into an outcome, hands the outcome in to be recorded, then runs the
+callbacks (the handler's ``finished()``, ``task_finished``, the outcome's log line).
+
+:class:`Executor` is the worker's part that the pool threads run; the worker's loop
+(:mod:`~django_pgtasks.worker.loop`) builds it with the callbacks it needs, and the in-test
+runner of :mod:`django_pgtasks.testing` runs a variant of it on the caller's thread.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from django_pgtasks.exceptions import (
     TaskInterrupted,
     UnknownTaskError,
 )
+from django_pgtasks.lifecycle.recorder import Recorder
 from django_pgtasks.lifecycle.transitions import (
     Cancelled,
     Failed,
@@ -45,6 +51,7 @@ from django_pgtasks.lifecycle.transitions import (
 )
 from django_pgtasks.models import Status, Task
 from django_pgtasks.signals import task_finished, task_started
+from django_pgtasks.worker.connecting import ThreadConnections
 from django_pgtasks.worker.tracing import end_run, leave, start_run
 
 logger = logging.getLogger("django_pgtasks.worker")
@@ -63,12 +70,61 @@ def _note_opened(sender: Any, connection: Any, **kwargs: Any) -> None:
 
 connection_created.connect(_note_opened, dispatch_uid="django_pgtasks.worker.opened")
 
-class TaskExecution:
-    """The pool threads' part of :class:`~django_pgtasks.worker.loop.Worker`."""
+
+#: What to call once a handed-in outcome is recorded, with the task's new status (``""``: no
+#: longer held; ``None``: nothing could be recorded).
+Done = Callable[[str | None], object]
 
 
-    def _execute(self, task: Task) -> None:
-        """Run one claimed task in a pool thread and record its outcome (never raises)."""
+class Executor:
+    """Runs one claimed task on the calling thread (a pool thread): gets the thread's
+    connection, calls the handler, turns what it returned or raised into an outcome, hands the
+    outcome in to be recorded (or records it itself), then calls the handler's ``finished()``
+    and sends ``task_finished``. Thread-safe: every pool thread runs :meth:`execute`.
+
+    It owns the pool threads' connections (:attr:`thread_connections`: opened before a
+    handler starts, reset after it) and the count of the runs it ended (:attr:`processed`).
+    It talks to the rest of the worker only through what it is given:
+
+    - ``recorder``: records an outcome on this thread (unbatched, or with a pipeline's next
+      stages);
+    - ``hand_in(task, outcome, done)``: hands an outcome to the loop, which records it with
+      others and then calls ``done(status)``;
+    - ``batched``: whether the handlers' outcomes are handed in (else recorded here);
+    - ``rest(seconds)``: this thread takes no task for a while (its connection was refused);
+    - ``ran(seconds)``: a run's length, for the loop's prefetch;
+    - ``lost()``: outcomes could not be recorded (the loop gives those tasks back);
+    - ``request_stop(reason)``: a handler raised ``KeyboardInterrupt``;
+    - ``task_pause`` and ``stopping``: the pause after each task, cut short once ``stopping``
+      is set.
+    """
+
+    def __init__(self, *, using: str, worker_id: str, recorder: Recorder,
+                 hand_in: Callable[[Task, Outcome, Done], None], batched: bool,
+                 concurrency: int = 1, rest: Callable[[float], None] = lambda seconds: None,
+                 ran: Callable[[float], None] = lambda seconds: None,
+                 lost: Callable[[], None] = lambda: None,
+                 request_stop: Callable[[str], None] = lambda reason: None,
+                 task_pause: float = 0.0, stopping: threading.Event | None = None) -> None:
+        self.using = using
+        self.worker_id = worker_id
+        self.recorder = recorder
+        self.batched = batched
+        self.task_pause = task_pause
+        self._hand_in = hand_in
+        self._rest = rest
+        self._ran = ran
+        self._lost = lost
+        self._request_stop = request_stop
+        self._stopping = stopping or threading.Event()
+        #: The pool threads' connections, got before a handler starts.
+        self.thread_connections = ThreadConnections(using, worker_id, concurrency)
+        #: Runs ended (their outcome recorded, or found no longer held).
+        self.processed = 0
+
+    def execute(self, task: Task) -> None:
+        """Run one claimed task on this thread and have its outcome recorded (never raises:
+        an internal error is for :meth:`crashed`)."""
         # The run's span (when tracing is on) is current while the task runs here; it ends
         # when the outcome is recorded (_finished_run), maybe later and on another thread.
         token = start_run(task, self.worker_id)
@@ -80,6 +136,13 @@ class TaskExecution:
         finally:
             leave(token)
 
+    def crashed(self, task: Task, exc: BaseException) -> None:
+        """An internal error escaped :meth:`execute`: hand it in as a failure (else the task
+        is given back), so that it does not stay RUNNING under this live worker."""
+        outcome = Failed(reason_text(type(exc), f"Internal error while running the task: "
+                                                f"{exc}"), None)
+        self._hand_in(task, outcome, lambda status: end_run(task, status, outcome, exc))
+
     def _execute_task(self, task: Task) -> None:
         started = time.monotonic()
         logger.info(
@@ -89,7 +152,7 @@ class TaskExecution:
         try:
             handler = get_handler(task.name)
         except PgTasksError as exc:  # unknown (fatal), or its module failed to import
-            self._end(task, None, started, self._outcome_of(task, None, exc), exc)
+            self._end(task, None, started, outcome_of(task, None, exc), exc)
             return
         task.followups = []  # next pipeline stages, filled by TaskContext.then()
         if task.cancel_requested or cancel_was_signalled(task):
@@ -121,8 +184,8 @@ class TaskExecution:
     def _connect_for(self, task: Task, handler: TaskHandler) -> bool:
         """Get this thread's connection to the task database before the handler starts
         (:mod:`django_pgtasks.worker.connecting`). ``False``: the database refused it, so the
-        handler does not start and the task goes back to the queue unspent, recorded by the
-        loop on its own connection; this thread rests before it takes another task."""
+        handler does not start and the task goes back to the queue unspent, handed in to be
+        recorded on the loop's connection; this thread rests before it takes another task."""
         threads = self.thread_connections
         if not threads.needed(task.name, handler.atomic, self.batched):
             return True
@@ -135,12 +198,8 @@ class TaskExecution:
                     _one_line(exc), pause)
         outcome = Unstarted(reason_text(type(exc), f"The database refused the run's "
                                                    f"connection: {_one_line(exc)}"))
-        if self._pool is None:  # no loop to record it (the in-test runner): record it here
-            status = self.recorder.record([(task, outcome)])[task.pk]
-            end_run(task, status, outcome, None)
-            return False
-        self._pool.rest(pause)
-        self._hand_in(task, outcome)
+        self._rest(pause)
+        self._hand_in(task, outcome, lambda status: end_run(task, status, outcome, None))
         return False
 
     def _run(self, task: Task, handler: TaskHandler, started: float) -> None:
@@ -149,7 +208,7 @@ class TaskExecution:
             with self.thread_connections.watching(task.name):
                 result = self._call(handler, task)
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
-            self._end(task, handler, started, self._outcome_of(task, handler, exc), exc)
+            self._end(task, handler, started, outcome_of(task, handler, exc), exc)
             return
         if task.followups:
             self._succeed_with_followups(task, handler, result, started)
@@ -176,7 +235,7 @@ class TaskExecution:
             return
         status = None if written is None else written.get(task.pk, "")
         if status is None:
-            self._lost_outcomes()
+            self._lost()
         self._finished_run(task, handler, duration, status, Succeeded(result), None)
 
     def _run_atomic(self, task: Task, handler: TaskHandler, started: float) -> None:
@@ -195,7 +254,7 @@ class TaskExecution:
             self._finished_run(task, handler, time.monotonic() - started, "", None, exc)
             return
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
-            self._end(task, handler, started, self._outcome_of(task, handler, exc), exc)
+            self._end(task, handler, started, outcome_of(task, handler, exc), exc)
             return
         self._finished_run(task, handler, time.monotonic() - started, Status.SUCCESSFUL,
                            Succeeded(result), None)
@@ -203,36 +262,6 @@ class TaskExecution:
     def _call(self, handler: TaskHandler, task: Task) -> Any:
         """Run the handler for ``task`` (the hook the in-test runner wraps)."""
         return handler.call(task, self.worker_id)
-
-    def _outcome_of(self, task: Task, handler: TaskHandler | None,
-                    exc: BaseException) -> Outcome:
-        """How a run that raised ``exc`` ends: cancelled (its cancellation was requested, or
-        it raised ``TaskCancelled``), snoozed, interrupted (its connection was lost, or its
-        code could not be imported: not the handler's failure), or failed."""
-        if isinstance(exc, TaskCancelled) or cancel_was_signalled(task):
-            return Cancelled(error_text(exc))
-        if isinstance(exc, Snooze):
-            return Snoozed(exc.seconds)
-        if isinstance(exc, TaskInterrupted):
-            return Interrupted(error_text(exc))
-        if is_connection_loss(exc):
-            header = format_exception(exc).partition("\n")[0]
-            return Interrupted(truncate_error(
-                f"{qualified_name(ConnectionLost)}: The run lost its database connection "
-                f"({header}).\n\n{format_exception(exc)}"))
-        if handler is None or isinstance(exc, UnknownTaskError):
-            return Failed(error_text(exc), None)
-        return Failed(error_text(exc), self._retry_after(handler, task, exc))
-
-    def _retry_after(self, handler: TaskHandler, task: Task,
-                     exc: BaseException | None) -> float | None:
-        """The handler's retry decision for ``task`` (``None``: the failure is final)."""
-        try:
-            return handler.retry_after(task, exc)
-        except Exception:
-            logger.exception("Task id=%s name=%s: its backoff policy failed; retrying after "
-                             "BACKOFF_MAX.", task.pk, task.name)
-            return float(pgtasks_settings.BACKOFF_MAX)
 
     def _end(self, task: Task, handler: TaskHandler | None, started: float, outcome: Outcome,
              exc: BaseException | None) -> None:
@@ -249,26 +278,8 @@ class TaskExecution:
             return
         status = self.recorder.record([(task, outcome)])[task.pk]
         if status is None:
-            self._lost_outcomes()
+            self._lost()
         done(status)
-
-    def _hand_in(self, task: Task, outcome: Outcome,
-                 done: Callable[[str | None], object] | None = None) -> None:
-        """Hand ``outcome`` to the loop, which records it with the others (and then calls
-        ``done`` on a pool thread; by default, ends the run's span), and wake the loop."""
-        if done is None:
-            def done(status: str | None) -> None:
-                end_run(task, status, outcome, None)
-
-        self.outcomes.add(task, outcome, done)
-        self._wakeup.set()
-
-    def _crashed(self, task: Task, exc: BaseException) -> None:
-        """An internal error escaped :meth:`_execute`: record it as a failure (else the task
-        is given back), so that it does not stay RUNNING under this live worker."""
-        outcome = Failed(reason_text(type(exc), f"Internal error while running the task: "
-                                                f"{exc}"), None)
-        self._hand_in(task, outcome, lambda status: end_run(task, status, outcome, exc))
 
     def _finished_run(self, task: Task, handler: TaskHandler | None, duration: float,
                       status: str | None, outcome: Outcome | None,
@@ -296,7 +307,7 @@ class TaskExecution:
         if isinstance(exc, KeyboardInterrupt):
             # Recorded as the attempt's failure like any exception; then the worker stops the
             # way Ctrl+C stops it (pool threads cannot raise it in the main thread).
-            self.request_stop(f"Task id={task.pk} raised KeyboardInterrupt")
+            self._request_stop(f"Task id={task.pk} raised KeyboardInterrupt")
 
     def _finished(self, task: Task, duration: float, exception: BaseException | None) -> None:
         """Log the outcome and send ``task_finished`` (once it is recorded)."""
@@ -312,6 +323,7 @@ class TaskExecution:
         )
 
     def _after_task(self) -> None:
+        """Reset this thread's connections for the next task, then pause (``task_pause``)."""
         # A handler may have broken its connection (or left a transaction open): reset it so
         # the next task in this thread starts clean. Healthy connections are kept for reuse,
         # except pooled ones (OPTIONS["pool"]), which go back to the pool between tasks so
@@ -335,7 +347,36 @@ class TaskExecution:
                     or (conn.errors_occurred and not conn.is_usable())):
                 conn.close()
         if self.task_pause:
-            self._stop.wait(self.task_pause)
+            self._stopping.wait(self.task_pause)
+
+
+def outcome_of(task: Task, handler: TaskHandler | None, exc: BaseException) -> Outcome:
+    """How a run that raised ``exc`` ends: cancelled (its cancellation was requested, or
+    it raised ``TaskCancelled``), snoozed, interrupted (its connection was lost, or its
+    code could not be imported: not the handler's failure), or failed."""
+    if isinstance(exc, TaskCancelled) or cancel_was_signalled(task):
+        return Cancelled(error_text(exc))
+    if isinstance(exc, Snooze):
+        return Snoozed(exc.seconds)
+    if isinstance(exc, TaskInterrupted):
+        return Interrupted(error_text(exc))
+    if is_connection_loss(exc):
+        header = format_exception(exc).partition("\n")[0]
+        return Interrupted(truncate_error(
+            f"{qualified_name(ConnectionLost)}: The run lost its database connection "
+            f"({header}).\n\n{format_exception(exc)}"))
+    if handler is None or isinstance(exc, UnknownTaskError):
+        return Failed(error_text(exc), None)
+    return Failed(error_text(exc), retry_after(handler, task, exc))
+
+def retry_after(handler: TaskHandler, task: Task, exc: BaseException | None) -> float | None:
+    """The handler's retry decision for ``task`` (``None``: the failure is final)."""
+    try:
+        return handler.retry_after(task, exc)
+    except Exception:
+        logger.exception("Task id=%s name=%s: its backoff policy failed; retrying after "
+                         "BACKOFF_MAX.", task.pk, task.name)
+        return float(pgtasks_settings.BACKOFF_MAX)
 
 
 def _while_handling(exc: BaseException | None, callback: Callable[[], object]) -> None:
