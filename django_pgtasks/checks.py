@@ -21,6 +21,7 @@ from django_pgtasks.database.connection_budget import (
 from django_pgtasks.database.schema import missing_migrations
 from django_pgtasks.definition.options import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RE
 from django_pgtasks.retry import POLICIES
+from django_pgtasks.worker.pools import PoolOptions, check_options
 
 #: A module path, as PGTASKS["TASK_MODULES"] lists them.
 _MODULE_PREFIX_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -277,6 +278,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     if prefetch != "auto" and (not isinstance(prefetch, int) or isinstance(prefetch, bool)
                                or prefetch < 0):
         errors.append(_error("PGTASKS['PREFETCH'] must be 'auto' or an integer >= 0.", "E013"))
+    pool_problem = check_options(PoolOptions(
+        kind=pgtasks_settings.POOL, max_tasks_per_child=pgtasks_settings.MAX_TASKS_PER_CHILD,
+        max_memory_per_child=pgtasks_settings.MAX_MEMORY_PER_CHILD))
+    if pool_problem:
+        errors.append(_error(f"PGTASKS['POOL'], ['MAX_TASKS_PER_CHILD'] or "
+                             f"['MAX_MEMORY_PER_CHILD']: {pool_problem}.", "E025"))
     for key in ("LISTEN", "AUTODISCOVER", "TRACING"):
         if not isinstance(getattr(pgtasks_settings, key), bool):
             errors.append(_error(f"PGTASKS[{key!r}] must be True or False.", "E012"))

@@ -49,8 +49,17 @@ DEFAULTS: dict[str, Any] = {
     # Times a task may be interrupted (its worker died, shut down or lost its database
     # connection) and run again without spending an attempt, before it fails for good.
     "MAX_INTERRUPTIONS": 5,
-    # Worker threads per worker process.
+    # Tasks a worker process runs at once: its threads, child processes or coroutines.
     "CONCURRENCY": 4,
+    # Where a worker runs handlers (run_pgtasks --pool): "thread" (threads of the worker
+    # process), "process" (each task in a child process: hard time limits, memory limits,
+    # crashes contained) or "async" (async def handlers on one event loop, hundreds at once).
+    "POOL": "thread",
+    # Process pool only: replace a child process after this many tasks (None: never).
+    "MAX_TASKS_PER_CHILD": None,
+    # Process pool only: replace a child whose resident memory after a task is above this
+    # many MiB (None: never).
+    "MAX_MEMORY_PER_CHILD": None,
     # Tasks a worker claims beyond its free threads, so the next task is at hand the moment a
     # thread frees up and claims come in batches. They show as RUNNING while they wait, and
     # are given back at once (the attempt not counted) when the worker stops. "auto": as many

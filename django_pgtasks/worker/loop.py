@@ -50,7 +50,8 @@ from django_pgtasks.worker.executor import Executor, retry_after
 from django_pgtasks.worker.listener import Listener
 from django_pgtasks.worker.liveness import Liveness
 from django_pgtasks.worker.maintainer import Maintainer
-from django_pgtasks.worker.pool import ThreadPool
+from django_pgtasks.worker.pools import Pool, PoolOptions, check_options, make_pool
+from django_pgtasks.worker.pools.threads import ThreadPool
 from django_pgtasks.worker.prefetch import Prefetch
 from django_pgtasks.worker.releaser import Releaser
 from django_pgtasks.worker.watchdog import Watchdog, time_limit
@@ -104,6 +105,9 @@ class Worker:
         using: str | None = None,
         parent_pid: int | None = None,
         prefetch: int | str | None = None,
+        pool: str | None = None,
+        max_tasks_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
     ) -> None:
         s = pgtasks_settings
         self.queues = list(queues) if queues else s.queue_names
@@ -115,6 +119,16 @@ class Worker:
         self.shutdown_grace = s.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
         self.using = using or s.DATABASE
         self.parent_pid = parent_pid
+        #: Where handlers run (threads, child processes, an event loop), and its limits.
+        self.pool_options = PoolOptions(
+            kind=pool or s.POOL, size=self.concurrency,
+            max_tasks_per_child=(s.MAX_TASKS_PER_CHILD if max_tasks_per_child is None
+                                 else max_tasks_per_child),
+            max_memory_per_child=(s.MAX_MEMORY_PER_CHILD if max_memory_per_child is None
+                                  else max_memory_per_child))
+        problem = check_options(self.pool_options)
+        if problem:
+            raise ValueError(problem)
         #: How many tasks to claim: the free threads, and some beyond (a number, or "auto").
         self.prefetch = Prefetch(s.PREFETCH if prefetch is None else prefetch,
                                  self.concurrency, s.PREFETCH_HORIZON)
@@ -122,7 +136,7 @@ class Worker:
         self._stopping = threading.Lock()
         self._force = threading.Event()
         self._error_pause = s.ERROR_PAUSE
-        self._pool: ThreadPool | None = None
+        self._pool: Pool | None = None
         self._wakeup = threading.Event()
         self._exit_code = 0
         self._check_orphans = False
@@ -202,17 +216,18 @@ class Worker:
         logger.info("Worker %s stopped after %d task(s).", self.worker_id, self.processed)
         return code
 
-    def _start(self) -> ThreadPool:
+    def _start(self) -> Pool:
         """Start the pool (running the executor) and the parts with threads of their own."""
         # Whether runs are traced, decided again now that the project (and its OpenTelemetry
         # SDK, if any) is set up.
         tracing.decide()
         logger.info(
-            "Worker %s started: queues=%s concurrency=%d burst=%s",
-            self.worker_id, ",".join(self.queues), self.concurrency, self.burst,
+            "Worker %s started: queues=%s concurrency=%d pool=%s burst=%s",
+            self.worker_id, ",".join(self.queues), self.concurrency, self.pool_options.kind,
+            self.burst,
         )
-        pool = self._pool = ThreadPool(self.concurrency, self.executor.execute, self._wakeup,
-                                       on_crash=self.executor.crashed)
+        pool = self._pool = make_pool(self.pool_options, self.executor, self._wakeup,
+                                      on_crash=self.executor.crashed)
         self.watchdog.start()  # registers the worker first
         if not self.burst:  # a burst worker releases on its loop when idle (_release_now)
             self.releaser.start()
@@ -410,7 +425,7 @@ class Worker:
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
 
-    def _shutdown(self, pool: ThreadPool) -> int:
+    def _shutdown(self, pool: Pool) -> int:
         # Prefetched tasks that have not started go back at once, for other workers.
         waiting = pool.take_waiting()
         if waiting:

@@ -26,7 +26,7 @@ from django_pgtasks.lifecycle.transitions import Failed, Outcome
 from django_pgtasks.models import Task
 from django_pgtasks.worker.listener import Listener
 from django_pgtasks.worker.liveness import Liveness
-from django_pgtasks.worker.pool import ThreadPool
+from django_pgtasks.worker.pools import Pool
 
 logger = logging.getLogger("django_pgtasks.worker")
 
@@ -52,7 +52,7 @@ class Watchdog:
 
     def __init__(self, *, worker_id: str, using: str, queues: list[str], concurrency: int,
                  liveness: Liveness, wakeup: threading.Event,
-                 pool: Callable[[], ThreadPool | None],
+                 pool: Callable[[], Pool | None],
                  on_release: Callable[[], None],
                  hand_in: Callable[[Task, Outcome], None],
                  retry_after: Callable[[Any, Task, BaseException | None], float | None],
@@ -152,7 +152,7 @@ class Watchdog:
         for pk in self.liveness.cancel_requests(ids):
             self.stop_task(pk)
 
-    def _time_out(self, pool: ThreadPool, task: Task, limit: float) -> None:
+    def _time_out(self, pool: Pool, task: Task, limit: float) -> None:
         handler = get_handler(task.name)
         error = reason_text(TaskTimeoutError, (
             f"Task exceeded its time limit of {limit:g}s; its thread could not be interrupted "

@@ -278,7 +278,8 @@ def test_every_code_block_of_the_tutorial_runs(
                 expected = normalize_log(line)
                 if expected.startswith("Worker "):
                     assert any(re.fullmatch(
-                        r"Worker \S+ started: queues=default,emails concurrency=4 burst=True",
+                        r"Worker \S+ started: queues=default,emails concurrency=4 pool=thread "
+                        r"burst=True",
                         got) for got in logged), worker_log
                 else:
                     assert expected in logged, f"not in the worker's log: {line}\n{worker_log}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from django_pgtasks.models import Task
-from django_pgtasks.worker.pool import ThreadPool
+from django_pgtasks.worker.pools.threads import ThreadPool
 from tests.helpers import wait_until
 
 

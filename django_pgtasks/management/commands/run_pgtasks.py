@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.exceptions import NotMigratedError
 from django_pgtasks.worker import startup
+from django_pgtasks.worker.pools import POOL_KINDS, PoolOptions, check_options
 
 logger = logging.getLogger("django_pgtasks.run_pgtasks")
 
@@ -50,6 +51,21 @@ class Command(BaseCommand):
         parser.add_argument(
             "--concurrency", "-c", type=int, default=None,
             help=f"Worker threads per process (default: PGTASKS['CONCURRENCY'], {s.CONCURRENCY}).",
+        )
+        parser.add_argument(
+            "--pool", choices=POOL_KINDS, default=None,
+            help=f"Where handlers run: threads of the worker, a child process per task, or "
+                 f"an event loop for async handlers (default: PGTASKS['POOL'], {s.POOL}).",
+        )
+        parser.add_argument(
+            "--max-tasks-per-child", type=_at_least_one, default=None, metavar="N",
+            help="--pool process: replace a child process after N tasks (default: "
+                 "PGTASKS['MAX_TASKS_PER_CHILD'], never).",
+        )
+        parser.add_argument(
+            "--max-memory-per-child", type=_at_least_one, default=None, metavar="MB",
+            help="--pool process: replace a child whose resident memory after a task is "
+                 "above MB MiB (default: PGTASKS['MAX_MEMORY_PER_CHILD'], never).",
         )
         parser.add_argument(
             "--prefetch", type=_prefetch, default=None,
@@ -119,6 +135,16 @@ class Command(BaseCommand):
                 f"--database {database!r} is not an alias in DATABASES "
                 f"({', '.join(settings.DATABASES)})."
             )
+        pool = PoolOptions(
+            kind=options["pool"] or pgtasks_settings.POOL,
+            max_tasks_per_child=_first(options["max_tasks_per_child"],
+                                       pgtasks_settings.MAX_TASKS_PER_CHILD),
+            max_memory_per_child=_first(options["max_memory_per_child"],
+                                        pgtasks_settings.MAX_MEMORY_PER_CHILD),
+        )
+        problem = check_options(pool)
+        if problem:
+            raise CommandError(f"--pool: {problem}.")
         queues = None
         if options["queues"]:
             queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
@@ -138,7 +164,25 @@ class Command(BaseCommand):
             "shutdown_grace": options["shutdown_grace"],
             "using": database,
             "prefetch": options["prefetch"],
+            "pool": pool.kind,
+            "max_tasks_per_child": pool.max_tasks_per_child,
+            "max_memory_per_child": pool.max_memory_per_child,
         }
+
+
+def _first(*values: Any) -> Any:
+    return next((value for value in values if value is not None), None)
+
+
+def _at_least_one(value: str) -> int:
+    """A whole number of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
+    return number
 
 
 def _prefetch(value: str) -> int | str:
