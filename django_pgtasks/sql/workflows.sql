@@ -66,13 +66,16 @@ BEGIN
         FROM lowered WHERE remaining <= 0;
         IF v_settled IS NOT NULL THEN
             -- The common case in one statement: children whose parents all succeeded (or
-            -- that run anyway) become READY.
+            -- that run anyway) become READY. The rows are named by id on both sides, so each
+            -- is one primary-key probe: with only m.task_id = ANY (...), stale statistics
+            -- right after a large fan-out was enqueued (few WAITING rows expected) made the
+            -- planner scan every waiting task against the whole batch.
             WITH ready AS (
                 UPDATE pgtasks_task t SET status = 'READY', finished_at = NULL,
                                           updated_at = statement_timestamp()
                 FROM pgtasks_workflow_member m
-                WHERE m.task_id = ANY (v_settled) AND t.id = m.task_id
-                  AND t.status = 'WAITING'
+                WHERE t.id = ANY (v_settled) AND m.task_id = ANY (v_settled)
+                  AND t.id = m.task_id AND t.status = 'WAITING'
                   AND (m.on_parent_failure = 'run' OR NOT EXISTS (
                       SELECT 1 FROM pgtasks_dependency d
                       WHERE d.child_id = m.task_id
