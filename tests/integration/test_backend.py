@@ -23,17 +23,14 @@ from asgiref.sync import async_to_sync  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.db.models import Count  # noqa: E402
-from django.test import override_settings  # noqa: E402
 
 from django_pgtasks import signals as native_signals  # noqa: E402
 from django_pgtasks.backend import (  # noqa: E402
     DjangoTaskHandler,
     InvalidTaskArguments,
     PgTasksBackend,
-    RetryableTask,
     resolve,
 )
-from django_pgtasks.backend.results import error_from_text  # noqa: E402
 from django_pgtasks.definition.registry import get_handler  # noqa: E402
 from django_pgtasks.models import Status  # noqa: E402
 from django_pgtasks.models import Task as Row  # noqa: E402
@@ -61,14 +58,6 @@ def module_level() -> None:
 
 
 # -- the backend and what it stores -------------------------------------------------------
-
-
-def test_feature_flags_and_task_class() -> None:
-    backend = compat.task_backends["default"]
-    assert isinstance(backend, PgTasksBackend)
-    assert (backend.supports_defer, backend.supports_priority, backend.supports_get_result,
-            backend.supports_async_task) == (True, True, True, True)
-    assert isinstance(dj_tasks.add, RetryableTask)
 
 
 def test_enqueue_is_one_insert_into_the_native_table(django_assert_num_queries) -> None:
@@ -206,22 +195,6 @@ def test_invalid_tasks_are_refused_with_djangos_exception_and_nothing_written() 
     assert not Row.objects.exists()
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"max_attempts": 0}, "max_attempts must be an integer from 1 to 1000, not 0."),
-        ({"max_attempts": "3"}, "max_attempts must be an integer from 1 to 1000, not '3'."),
-        ({"backoff": "fibonacci"}, "backoff 'fibonacci' is not a retry policy"),
-        ({"backoff": 30}, "backoff must be a policy name or a callable"),
-        ({"backoff": lambda attempt: 10}, r"backoff must accept two arguments, \(exception, task"),
-    ],
-)
-def test_invalid_retry_options_are_refused_when_the_task_is_defined(options: dict,
-                                                                    message: str) -> None:
-    with pytest.raises(InvalidTask, match=message):
-        task(**options)(module_level)
-
-
 # -- results --------------------------------------------------------------------------------
 
 
@@ -279,20 +252,6 @@ def test_statuses_map_onto_djangos() -> None:
     assert got["running"].finished_at is None
     assert (got["cancelled"].status, got["cancelled"].errors) == (TaskResultStatus.FAILED, [])
     assert got["cancelled"].is_finished
-
-
-def test_error_text_is_turned_back_into_task_errors() -> None:
-    stored = ("django_pgtasks.exceptions.FatalError: no\n\nTraceback (most recent call last):\n"
-              '  File "x.py", line 1, in f\ndjango_pgtasks.exceptions.FatalError: no\n')
-    error = error_from_text(stored)
-    assert error.exception_class_path == "django_pgtasks.exceptions.FatalError"
-    assert error.traceback.startswith("Traceback (most recent call last):\n")
-    assert error_from_text("RuntimeError\n\nTraceback (most recent call last):\n").\
-        exception_class is RuntimeError
-    rescued = error_from_text("django_pgtasks.WorkerLost: worker w stopped while running "
-                              "attempt 1 (process killed, connection lost or hung).")
-    assert rescued.exception_class_path == "django_pgtasks.WorkerLost"
-    assert rescued.traceback.startswith("django_pgtasks.WorkerLost: worker w stopped")
 
 
 # -- retries ----------------------------------------------------------------------------------
@@ -590,33 +549,6 @@ def check_ids(**tasks_options: Any) -> list[str]:
 def test_checks_pass_with_the_test_settings() -> None:
     assert check_ids() == []
     call_command("check", "--database", "default")
-
-
-def test_check_reports_a_non_postgresql_database(settings) -> None:
-    settings.PGTASKS = {**settings.PGTASKS, "DATABASE": "not_postgres"}
-    backend = PgTasksBackend("default", {})
-    [error] = backend.check()
-    assert error.id == "django_pgtasks.E102"
-    assert "needs PostgreSQL, but the database 'not_postgres'" in error.msg
-
-
-def test_check_reports_a_missing_app() -> None:
-    with override_settings(INSTALLED_APPS=["django.contrib.contenttypes", "tests.testapp"]):
-        assert check_ids() == ["django_pgtasks.E101"]
-
-
-@pytest.mark.parametrize(
-    ("params", "expected"),
-    [
-        ({"QUEUES": ["default", "bulk"]}, ["django_pgtasks.E103"]),
-        ({"OPTIONS": {"MAX_ATTEMPT": 3}}, ["django_pgtasks.E104"]),
-        ({"OPTIONS": {"MAX_ATTEMPTS": 0}}, ["django_pgtasks.E105"]),
-        ({"OPTIONS": {"BACKOFF": "fibonacci"}}, ["django_pgtasks.E105"]),
-        ({"OPTIONS": {"MAX_ATTEMPTS": 5, "BACKOFF": "linear"}}, []),
-    ],
-)
-def test_check_reports_queue_and_option_problems(params: dict, expected: list[str]) -> None:
-    assert check_ids(**params) == expected
 
 
 # -- worker processes -----------------------------------------------------------------------

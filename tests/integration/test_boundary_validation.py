@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from django_pgtasks.checks import check_settings
 from django_pgtasks.definition.registry import TaskHandler
 from django_pgtasks.exceptions import (
     FatalError,
@@ -380,7 +379,8 @@ def test_the_backend_refuses_a_run_after_out_of_range(run_after: datetime) -> No
 
 # -- results ------------------------------------------------------------------------------------
 
-#: (id, return value, place, problem)
+#: (id, return value, place, problem). What a handler's call raises for each is tested in
+#: tests/unit/definition/test_handlers.py; here, the backend's worker side on a stored row.
 BAD_RESULTS = [
     ("NUL in a dict key", {NUL_KEY: 1}, "The task's return value['a\\x00b'] is a dict key",
      "contains a NUL character"),
@@ -398,44 +398,6 @@ BAD_RESULTS = [
     ("more than MAX_RESULT_BYTES", "x" * 2**20, "The task's return value takes 1048578 bytes",
      'more than the limit of 1048576 bytes (PGTASKS["MAX_RESULT_BYTES"])'),
 ]
-
-
-def returning(value: Any) -> TaskHandler:
-    return TaskHandler(func=lambda: value, name="tests.test_boundary_validation.returning")
-
-
-@pytest.mark.parametrize(("value", "place", "problem"), [case[1:] for case in BAD_RESULTS],
-                         ids=[case[0] for case in BAD_RESULTS])
-def test_an_unstorable_result_raises_unstorable_result_error(
-    value: Any, place: str, problem: str
-) -> None:
-    handler = returning(value)
-    with pytest.raises(UnstorableResultError) as excinfo:
-        handler.call(Task.objects.build(handler), "worker-1")
-    assert type(excinfo.value) is UnstorableResultError
-    assert isinstance(excinfo.value, FatalError)  # fails the task without a retry
-    assert isinstance(excinfo.value, TypeError)
-    message = str(excinfo.value)
-    assert place in message, message
-    assert problem in message, message
-    assert message.endswith("."), message
-    message.encode()
-
-
-def test_max_result_bytes_is_the_limit(settings) -> None:
-    settings.PGTASKS = {**settings.PGTASKS, "MAX_RESULT_BYTES": 1000}
-    at_limit = "x" * 998  # 1,000 bytes with its quotes
-    assert returning(at_limit).call(Task.objects.build(returning(at_limit)), "w") == at_limit
-    with pytest.raises(UnstorableResultError, match="takes 1001 bytes as JSON, more than the "
-                                                    "limit of 1000 bytes"):
-        returning(at_limit + "x").call(Task.objects.build(returning(None)), "w")
-
-
-def test_storable_results_are_returned_as_plain_json() -> None:
-    value = {"clé": ("日本語", 10**4300 - 1, 1e-7, None, True)}
-    handler = returning(value)
-    assert handler.call(Task.objects.build(handler), "w") == {
-        "clé": ["日本語", 10**4300 - 1, 1e-7, None, True]}
 
 
 if compat is not None:
@@ -463,17 +425,3 @@ def test_the_backend_raises_invalid_return_value(name: str, place: str, problem:
     assert isinstance(excinfo.value, TypeError)
     assert place in str(excinfo.value)
     assert problem in str(excinfo.value)
-
-
-# -- settings -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("pgtasks", [
-    {"MAX_RESULT_BYTES": 0}, {"MAX_RESULT_BYTES": "1MB"}, {"MAX_INTERRUPTIONS": 0},
-    {"MAX_INTERRUPTIONS": 2.5}, {"MAX_INTERRUPTIONS": True},
-])
-def test_result_and_interruption_limits_must_be_positive_integers(settings, pgtasks) -> None:
-    settings.PGTASKS = {**settings.PGTASKS, **pgtasks}
-    [key] = pgtasks
-    errors = [e for e in check_settings() if e.id == "django_pgtasks.E009"]
-    assert [e.msg for e in errors] == [f"PGTASKS[{key!r}] must be a positive integer."]

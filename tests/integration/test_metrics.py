@@ -248,21 +248,3 @@ def test_the_view_stays_open_without_either_setting(client: Client, settings) ->
     assert get(client).status_code == 200
 
 
-@pytest.mark.parametrize(("options", "expected"), [
-    ({"METRICS_TOKEN": TOKEN}, []),
-    ({"METRICS_TOKEN": ["a-token", "b-token=="]}, []),
-    ({"METRICS_PERMISSION": "django_pgtasks.view_task"}, []),
-    ({"METRICS_TOKEN": ""}, ["E060"]),
-    ({"METRICS_TOKEN": "has space"}, ["E060"]),
-    ({"METRICS_TOKEN": []}, ["E060"]),
-    ({"METRICS_TOKEN": ["ok", 42]}, ["E060"]),
-    ({"METRICS_TOKEN": b"bytes"}, ["E060"]),
-    ({"METRICS_PERMISSION": "view_task"}, ["E061"]),
-    ({"METRICS_PERMISSION": True}, ["E061"]),
-    ({"METRICS_TOKEN": 1, "METRICS_PERMISSION": "a.b.c"}, ["E060", "E061"]),
-])
-def test_metrics_settings_are_checked(settings, options: dict, expected: list[str]) -> None:
-    from django_pgtasks.checks import check_metrics
-
-    protect(settings, **options)
-    assert [e.id for e in check_metrics()] == [f"django_pgtasks.{i}" for i in expected]

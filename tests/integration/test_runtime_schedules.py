@@ -16,7 +16,7 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from django_pgtasks.definition.recurrence import Cron, Every, parse_spec
+from django_pgtasks.definition.recurrence import Cron
 from django_pgtasks.models import Schedule, Task
 from django_pgtasks.scheduling import job as scheduling
 from django_pgtasks.scheduling.declarations import planned_at
@@ -225,18 +225,6 @@ def test_eight_threads_racing_produce_each_run_once(admin_client: Client) -> Non
     assert len(runs) >= 10
     assert max(Counter(runs).values()) == 1
     assert all(b - a == timedelta(seconds=0.2) for a, b in itertools.pairwise(runs))
-
-
-@pytest.mark.parametrize(("spec", "expected"), [
-    ("every 1h30m", Every(timedelta(hours=1, minutes=30))),
-    ("every 90s", Every(timedelta(seconds=90))),
-    ("every 0.5s", Every(timedelta(seconds=0.5))),
-    ("  every 1d 2h ", Every(timedelta(days=1, hours=2))),
-    ("@hourly", Cron("0 * * * *")),
-])
-def test_specs_as_typed(spec: str, expected: Any) -> None:
-    assert parse_spec(spec) == expected
-    assert parse_spec(expected.spec) == expected  # what is stored reads back the same
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """Periodic tasks: declarations, planning, exactly-once production across workers, admin.
 
-Pure calculations (periods, cron in time zones with DST changes, the missed-run policies) run
-without a database. Everything else runs on real PostgreSQL in transactional tests, so that
-``now()`` advances as it does in production (a test wrapped in one transaction would see the
+The pure calculations (periods, cron in time zones with DST changes, the missed-run policies)
+and the checks of the declarations are in ``tests/unit/definition/test_recurrence.py`` and
+``tests/unit/scheduling/``. Everything here runs on real PostgreSQL in transactional tests,
+so that ``now()`` advances as it does in production (a test wrapped in one transaction would see the
 database clock stand still).
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import sys
 import threading
 import time
 from collections import Counter
@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, connections, transaction
 from django.urls import reverse
 
@@ -29,16 +28,12 @@ from django_pgtasks.checks import check_schedules
 from django_pgtasks.definition import registry
 from django_pgtasks.definition.recurrence import (
     CATCH_UP_LIMIT,
-    Cron,
-    Every,
-    cron,
     every,
-    parse_when,
     zone,
 )
 from django_pgtasks.models import ArchivedTask, Schedule, Status, Task
 from django_pgtasks.scheduling import job as scheduling
-from django_pgtasks.scheduling import plan, planned_at
+from django_pgtasks.scheduling import planned_at
 from django_pgtasks.signals import task_enqueued
 from django_pgtasks.worker.loop import Worker
 from tests.helpers import race_scheduler_passes
@@ -100,146 +95,6 @@ def planned_runs(name: str) -> list[datetime]:
 
 def every_minute_settings(**entry: Any) -> dict[str, Any]:
     return {"tick": {"task": TICK, "schedule": every(minutes=1), **entry}}
-
-
-# -- declaring: periods, cron, errors at import time ------------------------------------------
-
-
-def test_periods_are_given_several_ways_and_shown_compactly() -> None:
-    assert every(minutes=5) == Every(timedelta(minutes=5)) == parse_when(300)
-    assert parse_when(timedelta(hours=1)) == every(hours=1)
-    assert every(minutes=90).spec == "every 1h30m"
-    assert every(0.5).spec == "every 0.5s"
-    assert every(days=1, seconds=1.25).spec == "every 1d1.25s"
-    assert parse_when("0  3 * * *") == Cron("0 3 * * *")
-    assert cron("@daily").spec == "0 0 * * *"
-
-
-@pytest.mark.parametrize(("value", "message"), [
-    ("61 * * * *", "Invalid cron expression '61 * * * *': Bad minute."),
-    ("* * *", "Wrong number of fields"),
-    ("0 0 30 2 *", "Bad day-of-month"),
-    (0, "must be positive"),
-    (timedelta(seconds=-5), "must be positive"),
-    (True, "must be a period"),
-    ("", "Wrong number of fields"),
-])
-def test_an_invalid_schedule_fails_when_the_decorator_runs(
-    value: Any, message: str, temporary_handlers: None
-) -> None:
-    with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
-        pgtask(name="tests.invalid_schedule", schedule=value)(lambda: None)
-    assert "tests.invalid_schedule" not in registry.registered_names()
-
-
-def test_an_unknown_time_zone_fails_at_declaration() -> None:
-    with pytest.raises(ImproperlyConfigured, match="Unknown time zone 'Mars/Olympus'"):
-        cron("0 9 * * *", timezone="Mars/Olympus")
-
-
-def test_cron_expressions_take_five_or_six_fields_or_an_alias() -> None:
-    start = datetime(2026, 1, 5, 12, 0, 1, tzinfo=UTC)  # a Monday
-    assert cron("*/10 * * * * *").next_after(start, UTC_ZONE) == start + timedelta(seconds=9)
-    assert cron("15 * * * *").next_after(start, UTC_ZONE) == datetime(2026, 1, 5, 12, 15,
-                                                                       tzinfo=UTC)
-    assert cron("@hourly").next_after(start, UTC_ZONE) == datetime(2026, 1, 5, 13, tzinfo=UTC)
-    assert cron("@weekly").next_after(start, UTC_ZONE) == datetime(2026, 1, 11, tzinfo=UTC)
-    assert cron("@monthly").spec == "0 0 1 * *"
-
-
-def test_a_cron_schedule_without_cronsim_says_what_to_install(monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "cronsim", None)  # makes `import cronsim` fail
-    with pytest.raises(ImproperlyConfigured, match="pip install cronsim"):
-        cron("7 7 7 7 *")  # an expression no other test validated (the result is cached)
-    assert every(minutes=1).period == timedelta(minutes=1)  # periods do not need it
-
-
-# -- planning: time zones, DST, no drift, missed runs (pure calculation) -----------------------
-
-
-def chain(when: Every | Cron, tz: str, start: datetime, n: int) -> list[datetime]:
-    """``n`` planned times after ``start``, each computed from the previous planned one."""
-    times, planned = [], start
-    for _ in range(n):
-        planned = when.next_after(planned, zone(tz))
-        times.append(planned)
-    return times
-
-
-def test_cron_at_a_local_time_across_both_dst_changes_in_berlin() -> None:
-    daily = cron("30 2 * * *", timezone="Europe/Berlin")
-    # 2025-03-30: clocks jump from 02:00 to 03:00, so 02:30 does not exist that day.
-    spring = chain(daily, "Europe/Berlin", datetime(2025, 3, 29, 1, 30, tzinfo=UTC), 3)
-    assert spring == [
-        datetime(2025, 3, 30, 1, 0, tzinfo=UTC),   # 03:00 CEST: right after the jump
-        datetime(2025, 3, 31, 0, 30, tzinfo=UTC),  # 02:30 CEST
-        datetime(2025, 4, 1, 0, 30, tzinfo=UTC),
-    ]
-    # 2025-10-26: clocks go back from 03:00 to 02:00, so 02:30 happens twice: one run only.
-    autumn = chain(daily, "Europe/Berlin", datetime(2025, 10, 25, 0, 30, tzinfo=UTC), 3)
-    assert autumn == [
-        datetime(2025, 10, 26, 0, 30, tzinfo=UTC),  # 02:30 CEST, the first 02:30
-        datetime(2025, 10, 27, 1, 30, tzinfo=UTC),  # 02:30 CET
-        datetime(2025, 10, 28, 1, 30, tzinfo=UTC),
-    ]
-
-
-def test_hourly_cron_runs_every_real_hour_across_the_fall_back() -> None:
-    hourly = cron("0 * * * *")
-    start = datetime(2025, 10, 25, 21, 59, tzinfo=UTC)  # 23:59 CEST on the day before
-    times = chain(hourly, "Europe/Berlin", start, 25)
-    assert all(b - a == timedelta(hours=1) for a, b in itertools.pairwise(times))
-    local_days = Counter(t.astimezone(zone("Europe/Berlin")).date().day for t in times)
-    assert local_days[26] == 25  # the long day has 25 hours, each with its run
-
-
-def test_a_daily_cron_keeps_its_local_time_when_new_york_changes_to_summer_time() -> None:
-    nine = cron("0 9 * * *", timezone="America/New_York")
-    times = chain(nine, "America/New_York", datetime(2025, 3, 7, 15, 0, tzinfo=UTC), 3)
-    assert times == [
-        datetime(2025, 3, 8, 14, 0, tzinfo=UTC),  # 09:00 EST
-        datetime(2025, 3, 9, 13, 0, tzinfo=UTC),  # 09:00 EDT
-        datetime(2025, 3, 10, 13, 0, tzinfo=UTC),
-    ]
-
-
-def test_a_run_that_is_late_by_less_than_a_period_plans_the_next_from_its_planned_time() -> None:
-    late = plan(MINUTE, UTC_ZONE, P, P + timedelta(seconds=42.5), "once")
-    assert late.runs == [P]
-    assert late.next_run_at == P + timedelta(minutes=1)  # not 42.5 s later: no drift
-    assert not late.missed
-
-
-def test_missed_runs_once_skip_and_all() -> None:
-    now = P + timedelta(minutes=10, seconds=5)  # the runs at P, P+1m, ..., P+10m are due
-    expected_next = P + timedelta(minutes=11)  # still on the chain that starts at P
-
-    once = plan(MINUTE, UTC_ZONE, P, now, "once")
-    assert (once.runs, once.next_run_at, once.missed) == ([P], expected_next, True)
-
-    skip = plan(MINUTE, UTC_ZONE, P, now, "skip")
-    assert (skip.runs, skip.next_run_at, skip.missed) == ([], expected_next, True)
-
-    everything = plan(MINUTE, UTC_ZONE, P, now, "all")
-    assert everything.runs == [P + timedelta(minutes=k) for k in range(11)]
-    assert everything.next_run_at == expected_next
-    assert not everything.truncated
-
-
-def test_catching_up_all_missed_runs_is_bounded() -> None:
-    now = P + timedelta(days=30)  # 43,200 runs missed
-    result = plan(MINUTE, UTC_ZONE, P, now, "all")
-    assert result.runs == [P + timedelta(minutes=k) for k in range(CATCH_UP_LIMIT)]
-    assert result.truncated
-    assert result.next_run_at == now + timedelta(minutes=1)  # on the chain, in the future
-
-
-def test_missed_cron_runs_continue_at_the_next_cron_time() -> None:
-    quarterly = cron("*/15 * * * *")
-    now = P + timedelta(hours=2, minutes=1)
-    result = plan(quarterly, UTC_ZONE, P, now, "once")
-    assert result.runs == [P]
-    assert result.next_run_at == P + timedelta(hours=2, minutes=15)
 
 
 # -- exactly once, across workers -------------------------------------------------------------
@@ -600,53 +455,6 @@ def test_a_broken_schedule_is_logged_once_and_does_not_stop_the_others(
     scheduling.run_scheduler()
     assert caplog.text.count("nowhere.missing") == 1
     assert not Schedule.objects.filter(name="bad").exists()
-
-
-# -- system checks ------------------------------------------------------------------------
-
-
-def check_ids() -> list[str]:
-    return [error.id.removeprefix("django_pgtasks.") for error in check_schedules()]
-
-
-@db
-def test_a_schedule_name_declared_twice_is_reported(temporary_handlers: None, configure) -> None:
-    pgtask(name="tests.twice", schedule=60)(lambda: None)
-    configure(SCHEDULE={"tests.twice": {"task": TICK, "schedule": 30}})
-    assert check_ids() == ["E030"]
-    assert "declared twice" in check_schedules()[0].msg
-
-
-@db
-def test_valid_schedules_pass_the_checks(configure) -> None:
-    configure(SCHEDULE={"tick": {"task": TICK, "schedule": "*/5 * * * *",
-                                 "timezone": "Europe/Berlin", "queue": "emails"}},
-              MISSED_RUNS="skip")
-    assert check_schedules() == []
-
-
-@pytest.mark.parametrize(("options", "expected"), [
-    ({"SCHEDULE": {"x": {"task": "nowhere.missing", "schedule": 60}}}, ["E031"]),
-    # A module of an installed app that does not exist: HandlerImportError, not a crash.
-    ({"SCHEDULE": {"x": {"task": "tests.testapp.nosuchmodule.f", "schedule": 60}}}, ["E031"]),
-    ({"SCHEDULE": {"x": {"task": TICK, "schedule": "0 25 * * *"}}}, ["E032"]),
-    ({"SCHEDULE": {"x": {"task": TICK, "schedule": -1}}}, ["E032"]),
-    ({"SCHEDULE": {"x": {"task": TICK, "schedule": 60, "timezone": "Nowhere/Else"}}},
-     ["E032"]),
-    ({"SCHEDULE": {"x": {"task": TICK}}}, ["E032"]),
-    ({"SCHEDULE": {"x": {"task": TICK, "schedule": 60, "every": 5}}}, ["E030"]),
-    ({"SCHEDULE": {"x": {"task": TICK, "schedule": 60, "kwargs": {"queue": "a"}}}},
-     ["E030"]),
-    ({"SCHEDULE": ["x"]}, ["E030"]),
-    ({"SCHEDULE": {"x": {"task": TICK, "schedule": 60, "queue": "nope"}}}, ["E034"]),
-    ({"SCHEDULE": {"x": {"task": TICK, "schedule": 0.5}}}, ["W030"]),
-    ({"MISSED_RUNS": "twice"}, ["E033"]),
-    ({"SCHEDULER_INTERVAL": -1}, ["E010"]),
-])
-@db
-def test_invalid_schedule_settings_are_reported(configure, options: dict, expected: list) -> None:
-    configure(**options)
-    assert check_ids() == expected
 
 
 # -- admin ------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from django_pgtasks.telemetry import tracing
 from django_pgtasks.telemetry.tracing import TRACE_CONTEXT_KEY
 from django_pgtasks.testing import drain
 from django_pgtasks.worker.loop import Worker
-from django_pgtasks.worker.tracing import outcome_name
 from tests.helpers import wait_until
 from tests.testapp import tasks
 
@@ -331,25 +330,6 @@ def test_a_run_cut_off_by_the_shutdown_ends_its_span_as_interrupted(
     assert "shut down before the task finished" in run.status.description
 
 
-@pytest.mark.parametrize(("status", "outcome", "expected"), [
-    ("SUCCESSFUL", None, "successful"),
-    ("AWAITING_RETRY", None, "retry"),
-    ("FAILED", None, "failed"),
-    ("CANCELLED", None, "cancelled"),
-    ("READY", "interrupted", "interrupted"),
-    ("READY", "snoozed", "snoozed"),
-    ("READY", "succeeded", "rerun"),
-    ("", None, "lost"),
-    (None, None, "unrecorded"),
-])
-def test_outcome_names(status: str | None, outcome: str | None, expected: str) -> None:
-    from django_pgtasks.lifecycle.transitions import Interrupted, Snoozed, Succeeded
-
-    made = {"interrupted": Interrupted("x"), "snoozed": Snoozed(1.0),
-            "succeeded": Succeeded(None), None: None}[outcome]
-    assert outcome_name(status, made) == expected
-
-
 # -- tracing off, absent, unconfigured or broken ----------------------------------------------
 
 
@@ -464,14 +444,6 @@ def test_the_decision_is_kept_until_a_worker_starts_or_the_settings_change(
     finally:
         tracing.forget()
         provider.shutdown()
-
-
-
-def test_tracing_must_be_true_or_false(settings) -> None:
-    from django_pgtasks.checks import check_settings
-
-    settings.PGTASKS = {**settings.PGTASKS, "TRACING": "yes"}
-    assert [e.id for e in check_settings()] == ["django_pgtasks.E012"]
 
 
 def test_an_exception_that_cannot_be_shown_as_text_still_makes_an_error_span(
