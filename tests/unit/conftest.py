@@ -1,11 +1,13 @@
 """The unit tier: pure Python, no database.
 
 pytest-django refuses database access to every test without the ``django_db`` marker (or a
-fixture that asks for the database), and no test here has either: a test that reaches the
-database fails with "Database access not allowed". The tier runs with no server at all::
+fixture that asks for the database), and no test here has either: a test that reaches for
+the database fails with "Database access not allowed". The tier needs no server at all, and
+with ``PGTASKS_EMBEDDED=0`` the settings start none (not even the tests' second server)::
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:1/unreachable python -m pytest tests/unit -n 0
-"""
+    PGTASKS_EMBEDDED=0 python -m pytest tests/unit -n 0
+
+CI runs it with ``DATABASE_URL`` pointing at a closed port as well (``.ci/run``)."""
 
 from __future__ import annotations
 
