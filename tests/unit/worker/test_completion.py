@@ -10,7 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from django_pgtasks.lifecycle.transitions import Succeeded
-from django_pgtasks.worker.completion import Callbacks, PendingOutcomes
+from django_pgtasks.worker.completion import (
+    Callbacks,
+    Completion,
+    PendingOutcomes,
+    _call_each,
+)
 
 
 def hand_in(pending: PendingOutcomes, *pks: int) -> None:
@@ -112,3 +117,125 @@ def test_a_callback_that_hangs_is_left_behind_when_stopping() -> None:
         assert not callbacks.stop(timeout=0.05)
     finally:
         release.set()
+
+
+# The callbacks of a recorded batch run as one job: one that raises spoils none of the others.
+
+
+def test_a_failing_callback_does_not_stop_the_others_of_its_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[str | None] = []
+
+    def broken(status: str | None) -> None:
+        raise RuntimeError("broken receiver")
+
+    with caplog.at_level(logging.ERROR, logger="django_pgtasks.worker"):
+        _call_each([(seen.append, "SUCCESSFUL"), (broken, "FAILED"), (seen.append, None)])
+    assert seen == ["SUCCESSFUL", None]
+    assert "Error in a callback run after a task's outcome was recorded." in caplog.text
+    assert "broken receiver" in caplog.text
+
+
+# -- the worker's part that records them ------------------------------------------------------
+
+
+class FakeRecorder:
+    """Records nothing: answers each batch with the statuses it is told, or raises."""
+
+    def __init__(self, statuses: dict[int, str | None] | Exception) -> None:
+        self.statuses = statuses
+        self.batches: list[list[int]] = []
+
+    def record(self, runs: list) -> dict[int, str | None]:
+        self.batches.append([task.pk for task, _outcome in runs])
+        if isinstance(self.statuses, Exception):
+            raise self.statuses
+        return {pk: status for pk, status in self.statuses.items()
+                if pk in self.batches[-1]}
+
+
+class Completed:
+    """A :class:`Completion` over a fake recorder, and what it told the loop."""
+
+    def __init__(self, statuses: dict[int, str | None] | Exception, window: float = 0.0):
+        self.recorder = FakeRecorder(statuses)
+        self.wakeup = threading.Event()
+        self.released: list[bool] = []
+        self.lost: list[bool] = []
+        self.done: list[tuple[int, str | None]] = []
+        self.completion = Completion(
+            self.recorder, window=window, wakeup=self.wakeup,  # type: ignore[arg-type]
+            on_release=lambda: self.released.append(True), lost=lambda: self.lost.append(True))
+
+    def hand_in(self, pk: int, has_dependents: bool = False) -> None:
+        task = SimpleNamespace(pk=pk, has_dependents=has_dependents)
+        self.completion.hand_in(task, Succeeded(pk),
+                                lambda status: self.done.append((pk, status)))
+
+    def finish(self) -> None:
+        assert self.completion.stop(timeout=10)
+
+
+def test_handing_in_wakes_the_loop_and_lists_the_task() -> None:
+    completed = Completed({1: "SUCCESSFUL"})
+    completed.hand_in(1)
+    assert completed.wakeup.is_set()
+    assert completed.completion.ids() == {1}
+    assert completed.completion.due_in() == 0.0
+
+
+def test_a_batch_is_recorded_in_one_call_and_each_callback_gets_its_status() -> None:
+    completed = Completed({1: "SUCCESSFUL", 2: "", 3: "AWAITING_RETRY"})
+    for pk in (1, 2, 3):
+        completed.hand_in(pk)
+    completed.completion.record()
+    completed.finish()
+    assert completed.recorder.batches == [[1, 2, 3]]
+    assert completed.done == [(1, "SUCCESSFUL"), (2, ""), (3, "AWAITING_RETRY")]
+    assert completed.completion.ids() == set()
+    assert completed.lost == []  # "" is a task no longer held, not an unrecorded outcome
+    assert completed.released == []
+
+
+def test_outcomes_inside_their_window_wait_unless_everything_is_asked_for() -> None:
+    completed = Completed({1: "SUCCESSFUL"}, window=3600.0)
+    completed.hand_in(1)
+    completed.completion.record()
+    assert completed.recorder.batches == []
+    completed.completion.record(everything=True)
+    completed.finish()
+    assert completed.recorder.batches == [[1]]
+
+
+def test_an_outcome_that_could_not_be_recorded_tells_the_loop() -> None:
+    completed = Completed({1: "SUCCESSFUL", 2: None})
+    completed.hand_in(1)
+    completed.hand_in(2)
+    completed.completion.record()
+    completed.finish()
+    assert completed.lost == [True]
+    assert completed.done == [(1, "SUCCESSFUL"), (2, None)]
+
+
+def test_a_recorder_that_fails_loses_the_batch_but_not_the_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    completed = Completed(RuntimeError("a defect"))
+    completed.hand_in(1)
+    with caplog.at_level(logging.ERROR, logger="django_pgtasks.worker"):
+        completed.completion.record()
+    completed.finish()
+    assert "Error while recording 1 outcome(s)." in caplog.text
+    assert completed.lost == [True]  # the orphan check takes over
+    assert completed.done == [(1, None)]
+    assert completed.completion.ids() == set()
+
+
+def test_a_task_with_dependents_asks_for_a_release() -> None:
+    completed = Completed({1: "SUCCESSFUL", 2: "SUCCESSFUL"})
+    completed.hand_in(1)
+    completed.hand_in(2, has_dependents=True)
+    completed.completion.record()
+    completed.finish()
+    assert completed.released == [True]  # once for the batch
