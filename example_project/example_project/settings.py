@@ -131,8 +131,14 @@ PGTASKS = {
     # Times a task may be interrupted (worker killed, shut down, connection lost) and run
     # again without spending an attempt.
     "MAX_INTERRUPTIONS": 5,
-    # Worker threads per worker process.
+    # Tasks a worker process runs at once (its threads, child processes or coroutines).
     "CONCURRENCY": 4,
+    # Where handlers run: "thread", "process" (a child process per task: hard time limits,
+    # crashes and leaks contained) or "async" (async def handlers on one event loop).
+    "POOL": "thread",
+    # Process pool only: replace a child after this many tasks, or above this many MiB.
+    "MAX_TASKS_PER_CHILD": None,
+    "MAX_MEMORY_PER_CHILD": None,
     # Tasks claimed beyond the free threads: "auto" keeps about PREFETCH_HORIZON seconds of
     # work at hand for short tasks and none for long ones; a number fixes it (0 = none).
     "PREFETCH": "auto",
