@@ -39,7 +39,9 @@ def truncate_error(text: str) -> str:
     if len(text) <= limit:
         return text
     marker = "\n[... {} characters cut ...]\n"
-    keep = max(limit - len(marker.format(len(text))), 0)
+    if limit <= len(marker.format(len(text))):  # no room for the marker: the head alone
+        return text[:limit]
+    keep = limit - len(marker.format(len(text)))
     head = keep // 3
     tail = keep - head
     return text[:head] + marker.format(len(text) - keep) + (text[-tail:] if tail else "")

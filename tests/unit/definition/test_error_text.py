@@ -142,3 +142,13 @@ def test_the_default_limit_is_4000_characters() -> None:
 def test_a_reason_names_the_class_and_has_no_traceback() -> None:
     assert reason_text(WorkerLost, "worker w1 stopped heart\x00beats") == (
         "django_pgtasks.exceptions.WorkerLost: worker w1 stopped heart\\x00beats")
+
+
+@pytest.mark.parametrize("limit", [1, 5, 20, 30])
+def test_a_limit_too_small_for_the_marker_keeps_the_head_within_the_limit(
+    pgtasks, limit: int,
+) -> None:
+    pgtasks(ERROR_TEXT_LIMIT=limit)
+    original = "ValueError: " + "y" * 500
+    cut = truncate_error(original)
+    assert cut == original[:limit]
