@@ -131,6 +131,12 @@ class HandlerImportError(TaskInterrupted):
     budget as its bound."""
 
 
+class ChildProcessDied(TaskInterrupted):
+    """The child process running the task (``--pool process``) died before the run ended:
+    killed by a signal (a crash in native code, the out-of-memory killer) or exited (a
+    handler's ``os._exit()``)."""
+
+
 class TooManyInterruptions(PgTasksError):
     """The task was interrupted ``PGTASKS["MAX_INTERRUPTIONS"]`` times and ends ``FAILED``:
     it may be what kills its worker (out of memory, a crash in native code)."""

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, transaction
@@ -62,6 +63,8 @@ _opened = threading.local()
 
 
 def _note_opened(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if connection.alias not in connections.settings:
+        return  # a connection of no alias (Django's to the "postgres" database, say)
     aliases = getattr(_opened, "aliases", None)
     if aliases is None:
         aliases = _opened.aliases = set()
@@ -69,6 +72,31 @@ def _note_opened(sender: Any, connection: Any, **kwargs: Any) -> None:
 
 
 connection_created.connect(_note_opened, dispatch_uid="django_pgtasks.worker.opened")
+
+
+@dataclass
+class RunReport:
+    """How a run in another process ended, as that process tells the worker
+    (:meth:`Executor.ended_elsewhere`). Picklable: it crosses a socket."""
+
+    #: The run's outcome (``None``: nothing to record or to report).
+    outcome: Outcome | None = None
+    #: Whether the run's process recorded the outcome itself (``atomic=True``, or a
+    #: pipeline's next stages: in the handler's transaction); then :attr:`status` is the
+    #: task's new state (``""``: no longer held; ``None``: nothing could be recorded).
+    recorded: bool = False
+    status: str | None = None
+    #: The handler's run, in seconds.
+    duration: float = 0.0
+    #: What the handler raised, or a picklable stand-in for it.
+    error: BaseException | None = None
+    #: Handed in without the callbacks (a run whose handler never started, an internal
+    #: error): as :meth:`Executor.crashed` and a refused connection hand theirs in.
+    quiet: bool = False
+    #: The whole run in seconds, for the loop's prefetch (``None``: not counted).
+    ran: float | None = None
+    #: Seconds the run's slot takes no task (the database refused the run a connection).
+    rest: float = 0.0
 
 
 #: What to call once a handed-in outcome is recorded, with the task's new status (``""``: no
@@ -126,13 +154,13 @@ class Executor:
         """Run one claimed task on this thread and have its outcome recorded (never raises:
         an internal error is for :meth:`crashed`)."""
         # The run's span (when tracing is on) is current while the task runs here; it ends
-        # when the outcome is recorded (_finished_run), maybe later and on another thread.
+        # when the outcome is recorded (finish()), maybe later and on another thread.
         token = start_run(task, self.worker_id)
         if token is None:
-            self._execute_task(task)
+            self.run(task)
             return
         try:
-            self._execute_task(task)
+            self.run(task)
         finally:
             leave(token)
 
@@ -143,7 +171,9 @@ class Executor:
                                                 f"{exc}"), None)
         self._hand_in(task, outcome, lambda status: end_run(task, status, outcome, exc))
 
-    def _execute_task(self, task: Task) -> None:
+    def run(self, task: Task) -> None:
+        """:meth:`execute` without the run's span: for a pool that opens it elsewhere (the
+        process pool opens it in the worker, and runs this in a child process)."""
         started = time.monotonic()
         logger.info(
             "Task id=%s name=%s queue=%s state=%s attempt=%d/%d",
@@ -168,8 +198,7 @@ class Executor:
         try:
             if not self._connect_for(task, handler):
                 return
-            task_started.send(sender=Task, task=task, worker_id=self.worker_id)
-            handler.started(task, self.worker_id)
+            self.announce(task, handler)
             # The run's duration (log line, task_finished, the metrics' histogram): the
             # handler's run, not the signals before it nor the wait for its recording after.
             began = time.monotonic()
@@ -236,7 +265,7 @@ class Executor:
         status = None if written is None else written.get(task.pk, "")
         if status is None:
             self._lost()
-        self._finished_run(task, handler, duration, status, Succeeded(result), None)
+        self.finish(task, handler, duration, status, Succeeded(result), None)
 
     def _run_atomic(self, task: Task, handler: TaskHandler, started: float) -> None:
         """Exactly-once mode: the handler's writes and the completion commit together."""
@@ -251,13 +280,13 @@ class Executor:
             logger.warning("Task id=%s name=%s was no longer held by worker %s when it "
                            "finished; its writes were rolled back.", task.pk, task.name,
                            self.worker_id)
-            self._finished_run(task, handler, time.monotonic() - started, "", None, exc)
+            self.finish(task, handler, time.monotonic() - started, "", None, exc)
             return
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
             self._end(task, handler, started, outcome_of(task, handler, exc), exc)
             return
-        self._finished_run(task, handler, time.monotonic() - started, Status.SUCCESSFUL,
-                           Succeeded(result), None)
+        self.finish(task, handler, time.monotonic() - started, Status.SUCCESSFUL,
+                    Succeeded(result), None)
 
     def _call(self, handler: TaskHandler, task: Task) -> Any:
         """Run the handler for ``task`` (the hook the in-test runner wraps)."""
@@ -265,13 +294,25 @@ class Executor:
 
     def _end(self, task: Task, handler: TaskHandler | None, started: float, outcome: Outcome,
              exc: BaseException | None) -> None:
+        """:meth:`end` for a handler that began at ``started`` (its run ends now)."""
+        self.end(task, handler, time.monotonic() - started, outcome, exc)
+
+    # -- where a run's milestones go (a variant that runs in another process overrides them) -
+
+    def announce(self, task: Task, handler: TaskHandler) -> None:
+        """The handler is about to be called: send ``task_started`` and call the handler's
+        ``started()``."""
+        task_started.send(sender=Task, task=task, worker_id=self.worker_id)
+        handler.started(task, self.worker_id)
+
+    def end(self, task: Task, handler: TaskHandler | None, duration: float, outcome: Outcome,
+            exc: BaseException | None) -> None:
         """Hand ``outcome`` in to be recorded by the loop (or, unbatched, record it on this
-        thread), then run the callbacks once it is recorded. ``started``: when the handler
-        began; its run ends now."""
-        duration = time.monotonic() - started
+        thread), then run the callbacks (:meth:`finish`) once it is recorded. ``duration``:
+        the handler's run, in seconds."""
 
         def done(status: str | None) -> None:
-            self._finished_run(task, handler, duration, status, outcome, exc)
+            self.finish(task, handler, duration, status, outcome, exc)
 
         if self.batched:
             self._hand_in(task, outcome, done)
@@ -281,9 +322,9 @@ class Executor:
             self._lost()
         done(status)
 
-    def _finished_run(self, task: Task, handler: TaskHandler | None, duration: float,
-                      status: str | None, outcome: Outcome | None,
-                      exc: BaseException | None) -> None:
+    def finish(self, task: Task, handler: TaskHandler | None, duration: float,
+               status: str | None, outcome: Outcome | None,
+               exc: BaseException | None) -> None:
         """After the outcome was recorded (``status``: the task's new state; ``""`` or
         ``None``: nothing recorded): update the in-memory task, call the handler's
         ``finished()`` and send ``task_finished``. ``duration``: the handler's run, in
@@ -308,6 +349,29 @@ class Executor:
             # Recorded as the attempt's failure like any exception; then the worker stops the
             # way Ctrl+C stops it (pool threads cannot raise it in the main thread).
             self._request_stop(f"Task id={task.pk} raised KeyboardInterrupt")
+
+    # -- the worker's side of a run in another process ---------------------------------------
+
+    def ended_elsewhere(self, task: Task, report: RunReport) -> None:
+        """A run of ``task`` ended in another process (the process pool's child), which
+        reports it: have its outcome recorded (unless the child recorded it itself, in the
+        handler's transaction) and run the callbacks here, in the worker, as for a run on a
+        pool thread."""
+        if report.ran is not None:
+            self._ran(report.ran)
+        outcome = report.outcome
+        if report.quiet:  # never started, or an internal error: only the span ends after
+            if outcome is not None:
+                self._hand_in(task, outcome,
+                              lambda status: end_run(task, status, outcome, report.error))
+            return
+        handler = _handler_or_none(task.name)
+        if report.recorded:
+            if report.status is None:
+                self._lost()
+            self.finish(task, handler, report.duration, report.status, outcome, report.error)
+        elif outcome is not None:
+            self.end(task, handler, report.duration, outcome, report.error)
 
     def _finished(self, task: Task, duration: float, exception: BaseException | None) -> None:
         """Log the outcome and send ``task_finished`` (once it is recorded)."""
@@ -368,6 +432,13 @@ def outcome_of(task: Task, handler: TaskHandler | None, exc: BaseException) -> O
     if handler is None or isinstance(exc, UnknownTaskError):
         return Failed(error_text(exc), None)
     return Failed(error_text(exc), retry_after(handler, task, exc))
+
+def _handler_or_none(name: str) -> TaskHandler | None:
+    try:
+        return get_handler(name)
+    except PgTasksError:
+        return None
+
 
 def retry_after(handler: TaskHandler, task: Task, exc: BaseException | None) -> float | None:
     """The handler's retry decision for ``task`` (``None``: the failure is final)."""

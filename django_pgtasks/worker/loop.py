@@ -226,8 +226,10 @@ class Worker:
             self.worker_id, ",".join(self.queues), self.concurrency, self.pool_options.kind,
             self.burst,
         )
+        # The pool first, while this process has one thread (the process pool forks its fork
+        # server here).
         pool = self._pool = make_pool(self.pool_options, self.executor, self._wakeup,
-                                      on_crash=self.executor.crashed)
+                                      on_crash=self.executor.crashed, stop=self._stop_with)
         self.watchdog.start()  # registers the worker first
         if not self.burst:  # a burst worker releases on its loop when idle (_release_now)
             self.releaser.start()
@@ -446,9 +448,12 @@ class Worker:
             return 0
         # Tasks still running past the grace period: their runs are interrupted (not failed)
         # and they go back to their place in the queue now, rather than when the rescue finds
-        # them; then exit without waiting for their threads (Python cannot interrupt one).
+        # them; then exit without waiting for their threads (Python cannot interrupt one). A
+        # pool that can stop its runs (the process pool's children) does so first: none runs
+        # on once its task is given back.
         self.completion.record(everything=True)
         unfinished = pool.running()
+        pool.terminate()
         reason = reason_text(WorkerShutdown, f"Worker {self.worker_id} shut down before the "
                                              f"task finished (grace {self.shutdown_grace:g}s).")
         self.completion.interrupt(unfinished, reason)

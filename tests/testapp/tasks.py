@@ -286,3 +286,120 @@ def atomic_after_lock(ctx: TaskContext, key: int) -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
     return "done"
+
+
+# -- hostile handlers, for the process pool (tests/process/test_process_pool.py) -------------
+
+
+def _no_backoff(attempt: int) -> float:
+    return 0.0
+
+
+def process_is_gone(pid: int) -> bool:
+    """Whether process ``pid`` no longer runs (it does not exist, or is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+
+
+def record_run(ctx: TaskContext) -> None:
+    """One Execution row per run: ``pid=<this process> ppid=<its parent> alive=<how many
+    processes of the task's earlier runs still run now>`` (0, or two runs overlapped)."""
+    import os
+    import re
+
+    earlier = Execution.objects.filter(task_id=ctx.task_id).values_list("worker", flat=True)
+    pids = [int(m.group(1)) for w in earlier if (m := re.match(r"pid=(\d+) ", w))]
+    alive = sum(1 for pid in pids if not process_is_gone(pid))
+    Execution.objects.create(task_id=ctx.task_id, attempt=ctx.attempt,
+                             worker=f"pid={os.getpid()} ppid={os.getppid()} alive={alive}")
+
+
+def misbehave(how: str) -> None:
+    import ctypes
+    import os
+    import signal
+
+    if how == "sleep":  # hung in C
+        time.sleep(3600)
+    elif how == "busy":  # a pure-Python busy loop
+        while True:
+            pass
+    elif how == "ignore_term":  # ignores SIGTERM, hung in C
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(3600)
+    elif how == "segfault":
+        ctypes.string_at(0)
+    elif how == "exit":
+        os._exit(3)
+    elif how == "kill":  # what the out-of-memory killer does
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pgtask(context=True, timeout=1, max_attempts=2, backoff=_no_backoff)
+def hostile(ctx: TaskContext, how: str) -> int:
+    """Records its run, then misbehaves as ``how`` says (within a 1 s time limit)."""
+    import os
+
+    record_run(ctx)
+    misbehave(how)
+    return os.getpid()
+
+
+_hoard: list[bytes] = []
+
+
+@pgtask(context=True)
+def hog(ctx: TaskContext, megabytes: int) -> int:
+    """Keeps ``megabytes`` MiB for good (a leak), touched so that they are resident."""
+    import os
+
+    record_run(ctx)
+    _hoard.append(b"x" * (megabytes * 1024 * 1024))
+    return os.getpid()
+
+
+@pgtask(context=True)
+def where_am_i(ctx: TaskContext) -> dict[str, Any]:
+    """This process, and its connection to the task database: its backend's pid, and whether
+    that backend started after this process did (a connection of its own, not one it
+    inherited)."""
+    import os
+
+    from django.db import connection
+
+    with open("/proc/self/stat", "rb") as stat:
+        started_ticks = int(stat.read().rpartition(b")")[2].split()[19])
+    with open("/proc/stat") as stat:
+        boot = next(int(line.split()[1]) for line in stat if line.startswith("btime"))
+    process_start = boot + started_ticks / os.sysconf("SC_CLK_TCK")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid(), extract(epoch FROM backend_start) "
+                       "FROM pg_stat_activity WHERE pid = pg_backend_pid()")
+        backend, backend_start = cursor.fetchone()
+    return {"pid": os.getpid(), "backend": backend,
+            "own_connection": float(backend_start) >= process_start - 0.02}
+
+
+@pgtask(context=True, atomic=True, timeout=1, max_attempts=3, backoff=_no_backoff)
+def atomic_hangs_once(ctx: TaskContext) -> int:
+    """Exactly-once: writes its row, then (first attempt only) hangs past its time limit."""
+    import os
+
+    Execution.objects.create(task_id=ctx.task_id, worker=f"pid={os.getpid()} ",
+                             attempt=ctx.attempt)
+    if ctx.attempt == 1:
+        time.sleep(3600)
+    return os.getpid()
+
+
+@pgtask(context=True)
+def waits_for_cancel(ctx: TaskContext, started: str) -> str:
+    """Runs until cancelled (cooperatively), then says so."""
+    open(started, "w").close()
+    while not ctx.sleep(30):
+        pass
+    ctx.raise_if_cancelled()
+    return "not cancelled"

@@ -60,6 +60,7 @@ class Pool(Protocol):
     def overdue(self) -> list[tuple[Task, float]]: ...
     def abandon(self, task: Task) -> None: ...
     def shutdown(self) -> None: ...
+    def terminate(self) -> None: ...
 
 
 def check_options(options: PoolOptions) -> str | None:
@@ -76,12 +77,21 @@ def check_options(options: PoolOptions) -> str | None:
         if options.kind != "process":
             return f"{name} applies to the process pool only (this worker's pool is " \
                    f"{options.kind!r})"
+    if options.kind == "process":
+        from django_pgtasks.worker.pools.forkserver import supported
+
+        return supported()
     return None
 
 
 def make_pool(options: PoolOptions, executor: Executor, slot_freed: threading.Event,
-              on_crash: Callable[[Task, BaseException], None] | None = None) -> Pool:
-    """The pool ``options`` describe, running ``executor``'s tasks."""
+              on_crash: Callable[[Task, BaseException], None] | None = None,
+              stop: Callable[[int], None] | None = None) -> Pool:
+    """The pool ``options`` describe, running ``executor``'s tasks. ``stop(exit_code)``: the
+    pool can run nothing any more (the process pool's fork server died).
+
+    Called before the worker starts its other threads: the process pool forks its fork
+    server here, from a process of one thread."""
     problem = check_options(options)
     if problem:
         raise ValueError(problem)
@@ -89,4 +99,8 @@ def make_pool(options: PoolOptions, executor: Executor, slot_freed: threading.Ev
         from django_pgtasks.worker.pools.threads import ThreadPool
 
         return ThreadPool(options.size, executor.execute, slot_freed, on_crash=on_crash)
+    if options.kind == "process":
+        from django_pgtasks.worker.pools.processes import ProcessPool
+
+        return ProcessPool(options, executor, slot_freed, on_crash=on_crash, stop=stop)
     raise NotImplementedError(f"the {options.kind!r} pool is not available yet")

@@ -152,6 +152,10 @@ class ThreadPool:
         for thread in active:
             thread.join()
 
+    def terminate(self) -> None:
+        """Past the worker's shutdown grace: nothing to do (a thread cannot be stopped; its
+        late outcome is refused by the lease guard)."""
+
     def _loop(self) -> None:
         me = threading.current_thread()
         try:
