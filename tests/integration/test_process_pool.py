@@ -169,3 +169,21 @@ def test_a_fork_server_kills_its_children_when_closed() -> None:
     assert tasks.process_is_gone(server.pid)
     assert not ready.is_set()  # closed, not lost
     channel.close()
+
+
+@pytest.mark.parametrize("window", [0, 0.005])
+def test_every_kind_of_outcome_is_recorded_batched_or_not(settings, window: float) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "COMPLETION_WINDOW": window}
+    ok = Task.objects.enqueue(tasks.add, 2, 3)
+    failed = Task.objects.enqueue(tasks.fatal_failure)
+    atomic = Task.objects.enqueue(tasks.log_execution_atomic)
+    unknown = Task.objects.enqueue(tasks.noop)
+    Task.objects.filter(pk=unknown.pk).update(name="tests.testapp.tasks.no_such_handler")
+    worker = Worker(concurrency=2, burst=True, pool="process")
+    assert worker.run(install_signals=False) == 0
+    assert Task.objects.get(pk=ok.pk).result == 5
+    assert Task.objects.get(pk=failed.pk).status == Status.FAILED
+    assert Task.objects.get(pk=atomic.pk).status == Status.SUCCESSFUL
+    assert Execution.objects.filter(task_id=atomic.pk).count() == 1
+    assert Task.objects.get(pk=unknown.pk).status == Status.FAILED
+    assert worker.processed == 4

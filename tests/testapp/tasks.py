@@ -403,3 +403,14 @@ def waits_for_cancel(ctx: TaskContext, started: str) -> str:
         pass
     ctx.raise_if_cancelled()
     return "not cancelled"
+
+
+@pgtask(context=True)
+def records_and_waits(ctx: TaskContext, gate: str) -> int:
+    """Records its run, then waits (without a time limit) until the file ``gate`` exists."""
+    import os
+
+    record_run(ctx)
+    while not os.path.exists(gate):
+        time.sleep(0.01)
+    return os.getpid()
