@@ -12,3 +12,11 @@ def noop() -> None:
 def collect(context) -> int:
     """A workflow step that reads how the tasks it waited for ended (bench/workflows.py)."""
     return len(context.parents())
+
+
+@pgtask(name="bench.sleep")
+def sleep(ms: float) -> None:
+    """Sleeps ``ms`` milliseconds: a task of known length (bench/pools.py)."""
+    import time
+
+    time.sleep(ms / 1000)
