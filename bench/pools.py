@@ -9,7 +9,7 @@ itself takes (0 or 10 ms). The CPU per task is that of the worker and all its pr
 
     python bench/pools.py [--tasks 3000] [--concurrency 2] [--rounds 3] [--output FILE]
 
-It uses a scratch database, ``pgtasks_bench_pools``, on the server of the ``PG*`` variables
+It uses a scratch database, ``pgtasks_bench_pools_<pid>``, on the server of the ``PG*`` variables
 (else localhost:5432 as postgres), dropped at the end.
 """
 
@@ -27,16 +27,19 @@ from pathlib import Path
 
 from common import PGTASKS_SETTINGS, ROOT, child_env, connect, drop_database, recreate_database
 
-DATABASE = "pgtasks_bench_pools"
+DATABASE = f"pgtasks_bench_pools_{os.getpid()}"
 #: (label, task name, args as JSON, the handler's own time in ms)
 KINDS = [("no-op", "bench.noop", "[]", 0.0), ("10 ms", "bench.sleep", "[10]", 10.0)]
 POOLS = ("thread", "process")
 
 
 def django(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "django", *args, "--settings",
+    done = subprocess.run([sys.executable, "-m", "django", *args, "--settings",
                            PGTASKS_SETTINGS], env=child_env(DATABASE), cwd=ROOT,
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(args)} exited {done.returncode}:\n{done.stderr[-5000:]}")
+    return done
 
 
 def drain(pool: str, name: str, args: str, n: int, concurrency: int) -> dict[str, float]:
