@@ -125,6 +125,12 @@ class Executor:
     - ``request_stop(reason)``: a handler raised ``KeyboardInterrupt``;
     - ``task_pause`` and ``stopping``: the pause after each task, cut short once ``stopping``
       is set.
+
+    A run's milestones go through :meth:`announce` (the handler starts), :meth:`end` (its
+    outcome, to be recorded) and :meth:`finish` (recorded: the callbacks). The process pool's
+    children run a variant that sends them to the worker instead
+    (:class:`~django_pgtasks.worker.pools.processes.ChildExecutor`), where
+    :meth:`ended_elsewhere` takes them up.
     """
 
     def __init__(self, *, using: str, worker_id: str, recorder: Recorder,
