@@ -99,6 +99,8 @@ class Listener:
         self._due: list[float] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="pgtasks-listener", daemon=True)
+        #: Set while connected (and listening, with ``listen``); set after the wake-up that
+        #: follows each connection, so that once it is seen set that wake-up has been given.
         self.connected = threading.Event()
 
     def start(self) -> None:
@@ -207,9 +209,9 @@ class Listener:
                 pause = min(pause * 2, 2.0 if self.on_tick is not None else 30.0)
                 continue
             pause = 0.5
-            self.connected.set()
             # Anything sent while we were not listening is lost: look for work once.
             self.wakeup.set()
+            self.connected.set()
             try:
                 with conn, selectors.DefaultSelector() as selector:
                     selector.register(conn.fileno(), selectors.EVENT_READ)

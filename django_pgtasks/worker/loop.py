@@ -141,6 +141,8 @@ class Worker:
         self._exit_code = 0
         self._check_orphans = False
         self._next_poll = 0.0
+        #: The loop waits in :meth:`_sleep` (see :attr:`asleep`).
+        self._asleep = False
         self._session: Any = None
         self.liveness = Liveness(self.worker_id, self.queues, self.concurrency, self.using)
         #: Rescue, partitions, purge and scheduler, off the claim path.
@@ -271,11 +273,24 @@ class Worker:
         self._exit_code = max(self._exit_code, code)
         self.stop()
 
+    @property
+    def asleep(self) -> bool:
+        """The loop waits (for a wake-up, its next poll or a batch of outcomes) and no wake-up
+        is pending: every wake-up given before this call has been handled (the loop went
+        round, and claimed if it had a free thread). What a test or a debugger reads."""
+        # The wake-up first: see _sleep for why this order makes the answer safe.
+        return not self._wakeup.is_set() and self._asleep
+
     def _sleep(self, timeout: float) -> bool:
         """Wait until woken (new work, a free slot, a stop request) or ``timeout`` passes;
         ``True`` if woken."""
+        self._asleep = True
         woken = self._wakeup.wait(timeout)
-        self._wakeup.clear()
+        # Not asleep before the wake-up is taken: a reader that sees no wake-up pending and
+        # then the loop asleep knows that this sleep began after the last wake-up was taken.
+        self._asleep = False
+        if woken:  # a wake-up given after a timeout stays pending, for the next sleep
+            self._wakeup.clear()
         return woken
 
     # -- callbacks of the parts (called on their threads) ----------------------------------
