@@ -49,13 +49,47 @@ def large_seq_scans(plan: str | list, using: str = "default") -> list[str]:
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 120, what: str = "") -> None:
-    """Poll ``condition`` every 20 ms; fail the test if it is still false after ``timeout``."""
+    """Poll ``condition`` every 20 ms; fail the test if it is still false after ``timeout``.
+
+    The one place the tests wait: for an event they observe (a row's state, a counter, a
+    session waiting for a lock), never for a fixed time. A test that asserts that something
+    did *not* happen first waits here for an event that proves the system had its chance
+    to do it (more turns of a maintainer, a worker asleep after looking for work).
+    """
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"Gave up waiting for {what or 'the condition'} "
                                  f"after {timeout:g}s.")
         time.sleep(0.02)
+
+
+def sessions_waiting_for_a_lock(kind: str) -> int:
+    """Sessions of the test database waiting for a lock of ``kind`` (``pg_stat_activity``'s
+    ``wait_event``: "advisory", "transactionid", "tuple", "relation", ...)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock' AND wait_event = %s", [kind])
+        return cursor.fetchone()[0]
+
+
+def notifications(conn: Any, channel: str, timeout: float = 30) -> list[str]:
+    """The payloads, in order, of the notifications not read yet that ``conn`` (a psycopg
+    connection in autocommit mode, listening on ``channel``) was sent by the transactions
+    committed before this call.
+
+    No fixed wait: ``conn`` notifies a marker on ``channel`` itself, and what was committed
+    before reaches a listener before the marker (PostgreSQL delivers notifications in commit
+    order); the payloads are those read up to the marker."""
+    marker = f"tests-marker-{time.monotonic_ns()}"
+    conn.execute("SELECT pg_notify(%s, %s)", [channel, marker])
+    payloads: list[str] = []
+    for notification in conn.notifies(timeout=timeout):
+        if notification.payload == marker:
+            return payloads
+        payloads.append(notification.payload)
+    raise AssertionError(f"The marker notification did not come back within {timeout:g}s; "
+                         f"heard {payloads}.")
 
 
 def all_finished() -> bool:
@@ -211,13 +245,19 @@ class Output:
             self.lines.append(line)
 
     def wait_for(self, pattern: str, timeout: float = 90, after: int = 0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.lines[after:]:
-                if match := re.search(pattern, line):
-                    return match
-            time.sleep(0.05)
-        raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(self.lines)}")
+        """The first line (from line ``after`` on) matching ``pattern``, once printed."""
+        found: list[re.Match] = []
+
+        def printed() -> bool:
+            found.extend(match for line in self.lines[after:]
+                         if (match := re.search(pattern, line)))
+            return bool(found)
+
+        try:
+            wait_until(printed, timeout)
+        except AssertionError:
+            raise AssertionError(f"no line matching {pattern!r} in:\n{self.text}") from None
+        return found[0]
 
     @property
     def text(self) -> str:

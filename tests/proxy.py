@@ -1,7 +1,9 @@
 """A TCP proxy in front of PostgreSQL that a test can cut, to simulate the server going away.
 
 ``cut(seconds)`` closes every proxied connection on both sides (the server ends those
-sessions and drops their locks, as in a restart) and refuses new connections for a while.
+sessions and drops their locks, as in a restart) and refuses new connections for a while;
+``refused`` counts the connections refused, what a test waits for to know that a client
+tried to connect during the outage.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ class FlakyProxy:
         self._lock = threading.Lock()
         self._refuse_until = 0.0
         self._closed = False
+        #: Connections refused so far (while cut or refusing).
+        self.refused = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -31,6 +35,7 @@ class FlakyProxy:
                 return
             if time.monotonic() < self._refuse_until:
                 client.close()
+                self.refused += 1
                 continue
             try:
                 upstream = socket.create_connection(self.target)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker.loop import Worker
+from tests.helpers import wait_until
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -23,15 +23,15 @@ def test_a_flooded_default_queue_leaves_the_urgent_queue_unaffected() -> None:
     for t in threads:
         t.start()
     try:
-        time.sleep(0.5)  # the flood is being worked on
+        # The flood is being worked on.
+        wait_until(lambda: Task.objects.filter(queue="default").succeeded().count() >= 20, 30,
+                   "the flood to be worked on")
+        # Urgent tasks arrive one after another, each once the one before has run.
         urgent_ids = []
         for _ in range(10):
             urgent_ids.append(Task.objects.enqueue(tasks.noop, queue="urgent").pk)
-            time.sleep(0.1)
-        deadline = time.monotonic() + 30
-        while Task.objects.filter(pk__in=urgent_ids).exclude(status=Status.SUCCESSFUL).exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+            wait_until(lambda: Task.objects.get(pk=urgent_ids[-1]).status == Status.SUCCESSFUL,
+                       30, "the urgent task to run")
         waits = [(t.started_at - t.created_at).total_seconds()
                  for t in Task.objects.filter(pk__in=urgent_ids)]
         backlog = Task.objects.filter(queue="default").pending().count()

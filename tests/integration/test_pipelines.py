@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 
 import pytest
 from django.db.models import Count
 
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker.loop import Worker
-from tests.helpers import Output
+from tests.helpers import Output, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -72,19 +71,29 @@ def test_killing_workers_between_stages_neither_skips_nor_duplicates_a_stage(
                           "--log-level", "WARNING")
         processes.append((p, Output(p)))
 
+    def successes() -> int:
+        return Task.objects.filter(status=Status.SUCCESSFUL).count()
+
+    def finished() -> bool:
+        return Task.objects.filter(stage="load", status=Status.SUCCESSFUL).count() == n
+
     spawn(0)
     spawn(1)
-    kills, started = 0, time.monotonic()
-    while Task.objects.filter(stage="load", status=Status.SUCCESSFUL).count() < n:
-        assert time.monotonic() - started < 180, "pipelines did not finish"
-        time.sleep(0.4)
+    kills = 0
+    while kills < 8 and not finished():
+        # Each kill in the middle of the work: once the workers have got on with it (15
+        # more stages done) since the last one.
+        before = successes()
+        wait_until(lambda before=before: finished() or successes() >= before + 15, 180,
+                   "the pipelines to go on")
         alive = [p for p, _ in processes if p.poll() is None]
-        if kills < 8 and len(alive) >= 2:
+        if not finished() and len(alive) >= 2:
             victim = rng.choice(alive)
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait()
             kills += 1
             spawn(len(processes))
+    wait_until(finished, 180, "the pipelines to finish")
     for p, _ in processes:
         if p.poll() is None:
             p.terminate()

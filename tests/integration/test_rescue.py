@@ -24,6 +24,7 @@ from django_pgtasks.worker.liveness import (
     rescue,
 )
 from django_pgtasks.worker.loop import Worker
+from tests.helpers import wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -52,10 +53,7 @@ def vanish(liveness: Liveness) -> None:
 
 def wait_for_lock_release(key: int) -> None:
     """The server ends a session a moment after its client disconnects."""
-    deadline = time.monotonic() + 10
-    while lock_held(key):
-        assert time.monotonic() < deadline, f"lock {key} still held"
-        time.sleep(0.02)
+    wait_until(lambda: not lock_held(key), 10, f"lock {key} to be released")
 
 
 def lock_held(key: int) -> bool:
@@ -72,21 +70,28 @@ def test_a_running_worker_is_registered_with_its_lock_and_removed_when_it_stops(
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     try:
-        deadline = time.monotonic() + 10
         # Registered, then its lock key recorded once the lock is taken.
-        while not WorkerProcess.objects.filter(name="registered", lock_key__isnull=False).exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: WorkerProcess.objects.filter(name="registered",
+                                                        lock_key__isnull=False).exists(),
+                   10, "the worker's registration with its lock key")
         row = WorkerProcess.objects.get(name="registered")
         assert (row.queues, row.concurrency, row.lock_key) == (["emails"], 2, lock_key(row.pk))
         assert row.hostname
         assert row.pid
         assert row.backend_pid
         assert lock_held(row.lock_key)
-        before = row.last_seen_at
-        time.sleep(0.6)  # a few heartbeat intervals in tests/settings.py
-        row.refresh_from_db()
-        assert row.last_seen_at > before
+        # Its heartbeats go on: the row's last_seen_at moves on, twice (HEARTBEAT_INTERVAL
+        # in tests/settings.py is 0.25s; the wait fails the test if they stopped).
+        seen = [row.last_seen_at]
+
+        def beat() -> bool:
+            row.refresh_from_db()
+            if row.last_seen_at != seen[-1]:
+                seen.append(row.last_seen_at)
+            return len(seen) >= 3
+
+        wait_until(beat, 10, "two more heartbeats")
+        assert seen == sorted(seen)
     finally:
         worker.stop()
         thread.join(10)
@@ -330,13 +335,16 @@ def test_a_sync_task_over_its_time_limit_fails_and_frees_its_slot() -> None:
     assert slow.error_text.startswith("django_pgtasks.exceptions.TaskTimeoutError: Task "
                                       "exceeded its time limit of 0.5s")
     assert quick.status == Status.SUCCESSFUL  # the one slot was handed on
-    # The abandoned handler finishes later; its outcome changes nothing.
-    deadline = time.monotonic() + 10
-    while not Execution.objects.filter(task_id=slow.pk).exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    # The abandoned handler finishes later, and hands in its success: the thread is then
+    # done with the task (no longer counted as stuck).
+    wait_until(lambda: worker._pool.stuck == 0, 10, "the abandoned handler to finish")
     assert quick.finished_at < Execution.objects.get(task_id=slow.pk).created_at
-    time.sleep(0.2)
+    # The worker had stopped: its late success waits, handed in. Recorded as the loop would
+    # have, had it still been running, it changes nothing: the lease guard refuses it.
+    assert worker.executor.batched  # COMPLETION_WINDOW > 0: outcomes are handed in
+    assert worker.completion.ids() == {slow.pk}
+    worker.completion.record(everything=True)
+    assert worker.completion.ids() == set()
     assert Task.objects.get(pk=slow.pk).status == Status.FAILED
 
 
@@ -357,10 +365,8 @@ def test_a_worker_with_more_stuck_threads_than_slots_stops_to_be_replaced() -> N
     assert worker.run(install_signals=False) == 1
     assert Task.objects.failed().count() == 2
     # Let the abandoned handlers finish here, not in the middle of a later test.
-    deadline = time.monotonic() + 15
-    while Execution.objects.filter(worker="late").count() < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(lambda: Execution.objects.filter(worker="late").count() == 2, 15,
+               "the abandoned handlers to finish")
 
 
 def test_tasks_of_a_claim_whose_reply_was_lost_are_given_back() -> None:
@@ -368,20 +374,16 @@ def test_tasks_of_a_claim_whose_reply_was_lost_are_given_back() -> None:
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while not WorkerProcess.objects.filter(name=worker.worker_id).exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: WorkerProcess.objects.filter(name=worker.worker_id).exists(), 10,
+                   "the worker to register")
         # A claim that committed in the database while its reply never reached the worker:
         # the task is RUNNING under the live worker, which does not know of it.
         with transaction.atomic():  # committed already claimed: the worker never saw it free
             Task.objects.enqueue(tasks.noop)
             [lost] = Task.objects.claim(worker.worker_id)
         worker._check_orphans = True  # what a claim that raised sets
-        deadline = time.monotonic() + 10
-        while Task.objects.get(pk=lost.pk).status != Status.SUCCESSFUL:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: Task.objects.get(pk=lost.pk).status == Status.SUCCESSFUL, 10,
+                   "the lost task to be given back and run")
         # Given back without counting the lost attempt, then run once by the worker.
         assert Task.objects.get(pk=lost.pk).attempt == 1
     finally:

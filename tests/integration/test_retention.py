@@ -28,7 +28,7 @@ from django_pgtasks.patterns import retention
 from django_pgtasks.patterns.retention import PURGE_LOCK_KEY, purge, purge_turn
 from django_pgtasks.worker.liveness import LOCK_NAMESPACE
 from django_pgtasks.worker.loop import Worker
-from tests.helpers import wait_until
+from tests.helpers import sessions_waiting_for_a_lock, wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -380,7 +380,8 @@ def test_a_purge_skips_while_another_holds_the_lock_or_waits_for_it(purge_lock_h
 
     thread = threading.Thread(target=purge_and_wait)
     thread.start()
-    time.sleep(0.5)
+    wait_until(lambda: sessions_waiting_for_a_lock("advisory") == 1, 30,
+               "the purge to wait for the lock")
     assert not done  # waiting for the lock
     assert counts() == {"SUCCESSFUL": 5}
     purge_lock_held.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_NAMESPACE,
@@ -425,8 +426,10 @@ def test_a_worker_skips_its_purge_turns_while_another_purge_holds_the_lock(
     seed(10, Status.SUCCESSFUL, 2 * DAY)
     worker, thread = run_worker("polite")
     try:
-        time.sleep(1.0)  # about five turns
+        # Three turns, each of which would have purged the rows had it taken the lock.
+        wait_until(lambda: worker.maintainer.turns["purge"] >= 3, 30, "three purge turns")
         assert Task.objects.count() == 10
+        assert worker.maintainer.gave_up["purge"] == 0  # skipped, not timed out
         purge_lock_held.execute("SELECT pg_advisory_unlock_all()")
         wait_until(lambda: Task.objects.count() == 0)
     finally:
@@ -437,13 +440,16 @@ def test_a_worker_skips_its_purge_turns_while_another_purge_holds_the_lock(
 @pytest.mark.parametrize("interval", [0, None])
 def test_purge_interval_zero_or_none_turns_the_worker_purge_off(settings, interval) -> None:
     settings.PGTASKS = {**settings.PGTASKS, "PURGE_INTERVAL": interval, "RETENTION": 60}
-    seed(10, Status.SUCCESSFUL, timedelta(minutes=2))
+    seed(10, Status.SUCCESSFUL, 2 * DAY)  # what a purge turn deletes (the test above)
     worker, thread = run_worker("idle")
     try:
-        time.sleep(1.0)
+        # Three rounds of the maintainer (the rescue runs every 0.25s in tests/settings.py),
+        # the first of which runs every enabled job: the purge had its chances.
+        wait_until(lambda: worker.maintainer.turns["rescue"] >= 3, 30, "three rescue turns")
     finally:
         worker.stop()
         thread.join(10)
+    assert worker.maintainer.turns["purge"] == 0
     assert Task.objects.count() == 10
 
 

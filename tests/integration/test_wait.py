@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import psycopg
@@ -15,6 +14,7 @@ from django_pgtasks.lifecycle import waiting
 from django_pgtasks.models import Status, Task
 from django_pgtasks.testing import drain
 from django_pgtasks.worker.loop import Worker
+from tests.helpers import notifications, wait_until
 from tests.testapp import cooperative, tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,10 +73,8 @@ def test_wait_ends_on_failure_and_cancellation_too(worker, wakeups) -> None:
 
     def cancel_soon() -> None:
         try:
-            deadline = time.monotonic() + PATIENCE
-            while not Task.objects.filter(pk=later.pk, awaited=True).exists():
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+            wait_until(lambda: Task.objects.filter(pk=later.pk, awaited=True).exists(),
+                       PATIENCE, "the waiter to mark the task awaited")
             Task.objects.filter(pk=later.pk).cancel()
         finally:
             connections.close_all()
@@ -117,7 +115,7 @@ def test_only_awaited_tasks_notify_their_completion() -> None:
         awaited = Task.objects.enqueue(tasks.add, 1, 1)
         Task.objects.filter(pk=awaited.pk).update(awaited=True)
         drain()
-        heard = [n.payload for n in listener.notifies(timeout=0.5)]
+        heard = notifications(listener, "pgtasks_finished")
     assert heard == [str(awaited.pk)]
     assert Task.objects.filter(pk__in=[t.pk for t in quiet], status=Status.SUCCESSFUL).count() \
         == 20

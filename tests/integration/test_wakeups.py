@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import psycopg
@@ -12,7 +11,7 @@ from django.db import connection, transaction
 
 from django_pgtasks.models import Status, Task, WorkerProcess
 from django_pgtasks.worker.loop import Worker
-from tests.helpers import wait_until
+from tests.helpers import notifications, wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,7 +19,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def listen() -> Iterator:
-    """A separate connection listening on the channel; returns a function that drains it."""
+    """A separate connection listening on the channel; returns a function that reads what
+    it was sent by the transactions committed so far (tests/helpers.py: no fixed wait)."""
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
@@ -28,8 +28,8 @@ def listen() -> Iterator:
     conn = psycopg.connect(**params, autocommit=True)
     conn.execute("LISTEN pgtasks")
 
-    def received(wait: float = 0.3) -> list[str]:
-        return [n.payload for n in conn.notifies(timeout=wait)]
+    def received() -> list[str]:
+        return notifications(conn, "pgtasks")
 
     yield received
     conn.close()
@@ -40,14 +40,14 @@ def test_enqueues_notify_once_per_queue_per_transaction_at_commit(listen) -> Non
         Task.objects.enqueue(tasks.noop)
         Task.objects.enqueue(tasks.noop)
         Task.objects.enqueue_many(tasks.noop.build(queue="emails") for _ in range(500))
-        assert listen(0.2) == []  # nothing before commit
+        assert listen() == []  # nothing before commit
     assert sorted(listen()) == ["default", "emails"]
 
 
 def test_bulk_enqueues_notify_at_commit_with_their_delay(listen) -> None:
     with transaction.atomic():
         Task.objects.enqueue_bulk(tasks.add, [(1, 2), (3, 4)], queue="emails")
-        assert listen(0.2) == []
+        assert listen() == []
     assert listen() == ["emails"]
     Task.objects.enqueue_many([tasks.noop.build(queue="urgent", delay=30)])
     [payload] = listen()
@@ -99,18 +99,24 @@ def quiet(settings) -> None:
 def run_in_thread(worker: Worker) -> threading.Thread:
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
-    deadline = time.monotonic() + 10
-    while worker.listener is None or not worker.listener.connected.is_set():
-        assert time.monotonic() < deadline, "listener did not connect"
-        time.sleep(0.02)
+    wait_until(lambda: worker.listener is not None and worker.listener.connected.is_set(), 10,
+               "the listener to connect")
     return thread
 
 
+def wait_until_asleep(worker: Worker) -> None:
+    """Until the worker's loop sleeps having handled every wake-up so far, the one that
+    follows its listener's connection included (``connected`` is set after it): it has
+    looked for work since, and a task enqueued now is found only if something wakes it (or
+    at its next poll)."""
+    wait_until(lambda: worker.listener is not None and worker.listener.connected.is_set(), 10,
+               "the listener to connect")
+    wait_until(lambda: worker.asleep, 10, "the worker to look for work and fall asleep")
+
+
 def wait_for_status(task: Task, status: str, timeout: float) -> Task:
-    deadline = time.monotonic() + timeout
-    while Task.objects.get(pk=task.pk).status != status:
-        assert time.monotonic() < deadline, f"task {task.pk} not {status} in {timeout}s"
-        time.sleep(0.01)
+    wait_until(lambda: Task.objects.get(pk=task.pk).status == status, timeout,
+               f"task {task.pk} to be {status}")
     return Task.objects.get(pk=task.pk)
 
 
@@ -118,7 +124,7 @@ def test_an_idle_worker_wakes_at_once_when_work_arrives(quiet) -> None:
     worker = Worker(concurrency=1, poll_interval=60)  # polling alone would take a minute
     thread = run_in_thread(worker)
     try:
-        time.sleep(0.3)  # idle, asleep
+        wait_until_asleep(worker)
         task = Task.objects.enqueue(tasks.noop)
         done = wait_for_status(task, Status.SUCCESSFUL, timeout=10)
         assert (done.started_at - done.created_at).total_seconds() < 5
@@ -182,7 +188,7 @@ def test_an_idle_worker_without_notifications_waits_for_its_poll(quiet, settings
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     try:
-        time.sleep(0.5)  # the start-up claim is done; asleep until the next poll
+        wait_until_asleep(worker)  # its look for work at start-up is done
         task = Task.objects.enqueue(tasks.noop)
         done = wait_for_status(task, Status.SUCCESSFUL, timeout=15)
         assert (done.started_at - done.created_at).total_seconds() >= 1.5
