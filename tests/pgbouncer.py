@@ -18,7 +18,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -106,16 +105,32 @@ class PgBouncer:
                     os.chown(path, user.pw_uid, user.pw_gid)
             self.process = subprocess.Popen([*command, str(config)], stdout=subprocess.DEVNULL,
                                             stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + timeout
-            while self.process.poll() is None and time.monotonic() < deadline:
-                try:
-                    with self.admin() as conn:
-                        conn.execute("SHOW VERSION")
-                    return
-                except psycopg.OperationalError:
-                    time.sleep(0.05)
+            if self._wait_until_up(timeout):
+                return
             self.stop()
         raise RuntimeError(f"pgbouncer did not start; its log:\n{self.log()}")
+
+    def _wait_until_up(self, timeout: float) -> bool:
+        """Until the process started last accepts connections (``True``), or has exited or
+        not within ``timeout`` (``False``)."""
+        from tests.helpers import wait_until  # not at import: it needs Django's apps
+
+        up = [False]
+
+        def answered_or_exited() -> bool:
+            if self.process.poll() is not None:
+                return True
+            try:
+                with self.admin() as conn:
+                    conn.execute("SHOW VERSION")
+            except psycopg.OperationalError:
+                return False
+            up[0] = True
+            return True
+
+        with contextlib.suppress(AssertionError):
+            wait_until(answered_or_exited, timeout, "PgBouncer to accept connections")
+        return up[0]
 
     def log(self) -> str:
         path = self.dir / "pgbouncer.log"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker.loop import Worker
+from tests.helpers import wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -76,10 +76,8 @@ def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown() ->
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while Task.objects.held_by("prefetcher").count() < 4 or not started.is_set():
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: Task.objects.held_by("prefetcher").count() >= 4
+                   and started.is_set(), 10, "the claim and the first task's start")
         assert Task.objects.held_by("prefetcher").count() == 4  # 1 running + 3 prefetched
     finally:
         worker.stop()

@@ -12,9 +12,9 @@ Screenshots go to a temporary directory, or to ``PGTASKS_SCREENSHOT_DIR`` when i
 
 from __future__ import annotations
 
+import contextlib
 import mimetypes
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from django.test.testcases import LiveServerThread
 
 import django_pgtasks
 from django_pgtasks.models import Status, Task, WorkerProcess
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -100,14 +101,15 @@ def server_url(transactional_db: None, settings: Any) -> Iterator[str]:
 def _wait_for_request_threads() -> None:
     """Request threads close their database connections when the browser's connections
     close, a moment after the server stops; the test database can only be dropped then."""
-    deadline = time.monotonic() + 10
-    with connection.cursor() as cursor:
-        while time.monotonic() < deadline:
+
+    def closed() -> bool:
+        with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM pg_stat_activity "
                            "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-            if not cursor.fetchone()[0]:
-                return
-            time.sleep(0.05)
+            return not cursor.fetchone()[0]
+
+    with contextlib.suppress(AssertionError):  # still open: the database's drop says so
+        wait_until(closed, 10)
 
 
 def serve_admin_static(route: Any) -> None:

@@ -10,7 +10,6 @@ without keys drives the gauge above the limit, which shows the assertion can fai
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -214,10 +213,7 @@ def test_two_claimers_of_one_key_take_turns_and_the_second_sees_the_first() -> N
         b_started.wait(10)
         # B is now blocked on the key's lock (or has not reached it yet): check the lock
         # wait from the database's point of view before letting A commit.
-        deadline = time.monotonic() + 30
-        while not _someone_waits_for_an_advisory_lock():
-            assert time.monotonic() < deadline, "claimer B never waited for the key's lock"
-            time.sleep(0.01)
+        wait_until(_someone_waits_for_an_advisory_lock, 30, "claimer B to wait for the key's lock")
     thread.join(30)
     assert b_result == [[]]
     assert Task.objects.running().count() == 1

@@ -16,6 +16,7 @@ from django_pgtasks.definition.registry import TaskContext
 from django_pgtasks.exceptions import Snooze
 
 from .models import Execution
+from .workload import pause
 
 #: Seconds a handler waits for a cancellation that a test is about to request.
 LONG = 600.0
@@ -47,7 +48,7 @@ def polls_should_stop(ctx: TaskContext) -> str:
     while time.monotonic() < deadline:
         if ctx.should_stop():
             ctx.raise_if_cancelled()
-        time.sleep(0.01)
+        pause(0.01)  # a unit of work
     return "never cancelled"
 
 
@@ -112,8 +113,6 @@ def quick(ctx: TaskContext, value: int) -> int:
 
 @pgtask(context=True)
 def slow_double(ctx: TaskContext, value: int, seconds: float) -> int:
-    import time
-
     _log(ctx)
-    time.sleep(seconds)
+    pause(seconds)
     return value * 2

@@ -9,12 +9,12 @@ threads and processes, so ``peak`` is the true largest number of handlers that r
 
 from __future__ import annotations
 
-import time
-
 from django.db import connection
 
 from django_pgtasks import pgtask
 from django_pgtasks.definition.registry import TaskContext
+
+from .workload import pause
 
 GAUGE_TABLE = "tests_limit_gauge"
 
@@ -45,7 +45,7 @@ def hold(gauge: str, seconds: float = 0.02) -> None:
             [gauge],
         )
     try:
-        time.sleep(seconds)
+        pause(seconds)
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"UPDATE {GAUGE_TABLE} SET now = now - 1 WHERE name = %s", [gauge])

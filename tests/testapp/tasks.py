@@ -9,6 +9,7 @@ from django_pgtasks import FatalError, pgtask
 from django_pgtasks.definition.registry import TaskContext
 
 from .models import Execution
+from .workload import pause
 
 
 @pgtask
@@ -101,9 +102,7 @@ def cancelled_while_running(ctx: TaskContext) -> None:
 
 @pgtask
 def sleepy(seconds: float) -> None:
-    import time
-
-    time.sleep(seconds)
+    pause(seconds)
 
 
 @pgtask
@@ -111,7 +110,6 @@ def waits_for(path: str, timeout: float = 60, started: str | None = None) -> Non
     """Runs until the file ``path`` exists (a test opens the gate when it is ready); creates
     the file ``started``, if given, as soon as it runs."""
     import os
-    import time
 
     if started is not None:
         open(started, "w").close()
@@ -119,7 +117,7 @@ def waits_for(path: str, timeout: float = 60, started: str | None = None) -> Non
     while not os.path.exists(path):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} did not appear within {timeout}s.")
-        time.sleep(0.01)
+        pause(0.01)
 
 
 @pgtask(max_attempts=1)
@@ -135,9 +133,7 @@ async def async_exits() -> None:
 @pgtask(timeout=0.5, max_attempts=1, context=True)
 def hangs(ctx: TaskContext, seconds: float) -> None:
     """Overruns its time limit; logs an execution row when it finally returns."""
-    import time
-
-    time.sleep(seconds)
+    pause(seconds)
     Execution.objects.create(task_id=ctx.task_id, worker="late", attempt=ctx.attempt)
 
 
@@ -240,7 +236,7 @@ def wf_collect(ctx: TaskContext) -> list[Any]:
 @pgtask(context=True)
 def wf_slow_step(ctx: TaskContext, label: str) -> str:
     """Records its run (``worker`` = its label, then the worker's id) after 50 ms."""
-    time.sleep(0.05)
+    pause(0.05)
     Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
     return label
 

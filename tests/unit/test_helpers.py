@@ -11,11 +11,11 @@ from tests.helpers import Output, terminate_worker
 
 # A process that ignores SIGTERM and, like a worker, prints its threads' stacks on SIGUSR1.
 STUBBORN = """
-import faulthandler, signal, sys, time
+import faulthandler, signal, sys, threading
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 faulthandler.register(signal.SIGUSR1, all_threads=True, file=sys.stdout)
 print("up", flush=True)
-time.sleep(120)
+threading.Event().wait(120)  # until killed
 """
 
 
