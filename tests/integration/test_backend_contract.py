@@ -174,8 +174,17 @@ def test_a_priority_out_of_range_is_invalid(alias: str, priority: float) -> None
 
 
 def test_the_priority_bounds_are_valid(alias: str) -> None:
+    """The lowest and the highest priority are accepted, kept with the task (also when its
+    result is read back) and run."""
     for priority in (-100, 100):
-        run(dj_tasks.add.using(backend=alias, priority=priority).enqueue(1, 1))
+        task = dj_tasks.add.using(backend=alias, priority=priority)
+        assert task.priority == priority
+        result = run(task.enqueue(priority, 1))
+        assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL,
+                                                        priority + 1)
+        assert result.task.priority == priority
+        if compat.task_backends[alias].supports_get_result:
+            assert task.get_result(result.id).task.priority == priority
 
 
 def test_an_unknown_queue_is_invalid(alias: str) -> None:
