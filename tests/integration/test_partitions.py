@@ -376,6 +376,10 @@ def test_cancels_racing_with_claims_never_fail() -> None:
 
     thread = threading.Thread(target=canceller)
     thread.start()
+    # The first cancels are in before the workers start (else they may claim every task
+    # first); the others race with the claims.
+    wait_until(lambda: Task.objects.filter(status=Status.CANCELLED).exists()
+               or not thread.is_alive(), 30, "the first cancels")
     run_workers([Worker(concurrency=2) for _ in range(2)],
                 until=lambda: not thread.is_alive() and not Task.objects.exclude(
                     status__in=[Status.SUCCESSFUL, Status.CANCELLED]).exists())
