@@ -18,6 +18,7 @@ from django_pgtasks.definition.framework import (
     task_finished,
     task_started,
 )
+from django_pgtasks.definition.handlers import await_handler
 from django_pgtasks.definition.payload import normalize_result
 from django_pgtasks.definition.registry import TaskHandler
 from django_pgtasks.exceptions import (
@@ -115,6 +116,17 @@ class DjangoTaskHandler(TaskHandler):
 
     def call(self, task: TaskRow, worker_id: str) -> Any:
         """Run the Django task with the row's arguments; return its value as plain JSON."""
+        run, args = self._run_and_arguments(task)
+        return _storable(run.task.call(*args, **task.kwargs))
+
+    async def acall(self, task: TaskRow, worker_id: str) -> Any:
+        """:meth:`call` of an ``async def`` Django task on the running event loop (the async
+        pool's), cancelled once the row's cancellation is signalled."""
+        run, args = self._run_and_arguments(task)
+        return _storable(await await_handler(run.task.acall(*args, **task.kwargs), task, None))
+
+    def _run_and_arguments(self, task: TaskRow) -> tuple[_Run, list[Any]]:
+        """The row's run (made by ``started()``, else now) and the positional arguments."""
         run = task.__dict__.get(_RUN_ATTR) or _Run.for_row(task)
         if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):
             raise FatalError(
@@ -125,12 +137,7 @@ class DjangoTaskHandler(TaskHandler):
         if run.task.takes_context:
             args.insert(0, TaskContext(task_result=run.result))
         task.__dict__[_RUN_ATTR] = run
-        value = run.task.call(*args, **task.kwargs)
-        try:
-            value = normalize_result(value)
-        except InvalidPayloadError as exc:
-            raise InvalidReturnValue(str(exc)) from exc
-        return value
+        return run, args
 
     def retry_after(self, task: TaskRow, exc: BaseException | None) -> float | None:
         """The backend's decision (``RetryableTask`` options, ``retry_delay()`` of a
@@ -152,6 +159,14 @@ class DjangoTaskHandler(TaskHandler):
         result = _finished_result(run, task, exception) if run is not None else None
         if result is not None:
             _send_state(task_finished, type(run.backend), result)
+
+
+def _storable(value: Any) -> Any:
+    """A Django task's return value as plain JSON, else :class:`InvalidReturnValue`."""
+    try:
+        return normalize_result(value)
+    except InvalidPayloadError as exc:
+        raise InvalidReturnValue(str(exc)) from exc
 
 
 def _retry_decision(run: _Run, row: TaskRow, exc: BaseException) -> float | None:

@@ -14,7 +14,7 @@ import difflib
 import inspect
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -310,11 +310,35 @@ class TaskHandler:
         (not plain JSON, a NUL character or a lone surrogate anywhere, an integer too large
         for JSON, more than ``PGTASKS["MAX_RESULT_BYTES"]``) raises
         :class:`~django_pgtasks.exceptions.UnstorableResultError`, a ``FatalError``.
+
+        An ``async def`` function runs on an event loop of its own (``async_to_sync``),
+        with the time limit and the cancellation of :meth:`acall`.
         """
         from asgiref.sync import async_to_sync
 
-        from django_pgtasks.definition.payload import normalize_result
-        from django_pgtasks.exceptions import FatalError, InvalidPayloadError, UnstorableResultError
+        args = self._arguments(task, worker_id)
+        if self.is_async:
+            result = async_to_sync(self._awaited)(task, args)
+        else:
+            result = self.func(*args, **task.kwargs)
+        return storable_result(result)
+
+    async def acall(self, task: TaskRow, worker_id: str) -> Any:
+        """:meth:`call` of an ``async def`` function on the running event loop (the async
+        pool's), in the current asyncio task: cancelled at the handler's ``timeout``
+        (:class:`~django_pgtasks.exceptions.TaskTimeoutError`) or once the task's cancellation
+        is signalled (:class:`~django_pgtasks.exceptions.TaskCancelled`); see
+        :func:`await_handler`. Only for handlers whose :attr:`is_async` is true."""
+        return storable_result(await self._awaited(task, self._arguments(task, worker_id)))
+
+    async def _awaited(self, task: TaskRow, args: list[Any]) -> Any:
+        return await await_handler(self.func(*args, **task.kwargs), task, self.timeout)
+
+    def _arguments(self, task: TaskRow, worker_id: str) -> list[Any]:
+        """The positional arguments of a run of ``task`` (its context first, for a handler
+        that takes one); :class:`~django_pgtasks.FatalError` for a malformed stored
+        payload."""
+        from django_pgtasks.exceptions import FatalError
 
         if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):
             raise FatalError(
@@ -324,16 +348,7 @@ class TaskHandler:
         args = list(task.args)
         if self.takes_context:
             args.insert(0, TaskContext(task=task, worker_id=worker_id))
-        if self.is_async:
-            func = async_to_sync(_cancellable(_bounded(self.func, self.timeout),
-                                              cancel_signal(task)))
-        else:
-            func = self.func
-        result = func(*args, **task.kwargs)
-        try:
-            return normalize_result(result)
-        except InvalidPayloadError as exc:
-            raise UnstorableResultError(str(exc)) from exc
+        return args
 
     def started(self, task: TaskRow, worker_id: str) -> None:
         """Called in the worker thread just before :meth:`call`."""
@@ -364,45 +379,69 @@ class TaskHandler:
         return _tasks().build(self, *args, **kwargs)
 
 
-def _bounded(func: Callable[..., Any], timeout: float | None) -> Callable[..., Any]:
-    """Wrap an async function so it is cancelled after ``timeout`` seconds."""
-    if timeout is None:
-        return func
+def storable_result(result: Any) -> Any:
+    """``result`` as plain JSON PostgreSQL can store, else
+    :class:`~django_pgtasks.exceptions.UnstorableResultError`."""
+    from django_pgtasks.definition.payload import normalize_result
+    from django_pgtasks.exceptions import InvalidPayloadError, UnstorableResultError
 
-    async def bounded(*args: Any, **kwargs: Any) -> Any:
-        from django_pgtasks.exceptions import TaskTimeoutError
-
-        try:
-            return await asyncio.wait_for(func(*args, **kwargs), timeout)
-        except TimeoutError:
-            raise TaskTimeoutError(
-                f"Task exceeded its time limit of {timeout:g}s and was cancelled."
-            ) from None
-
-    return bounded
+    try:
+        return normalize_result(result)
+    except InvalidPayloadError as exc:
+        raise UnstorableResultError(str(exc)) from exc
 
 
-def _cancellable(func: Callable[..., Any], signal: CancelSignal) -> Callable[..., Any]:
-    """Wrap an async function so that its coroutine is cancelled when ``signal`` is set; the
-    cancellation surfaces as :class:`~django_pgtasks.exceptions.TaskCancelled`."""
+async def await_handler(awaitable: Awaitable[Any], task: TaskRow,
+                        timeout: float | None) -> Any:
+    """Await a handler's coroutine in the current asyncio task, the way the worker runs one.
 
-    async def cancellable(*args: Any, **kwargs: Any) -> Any:
-        from django_pgtasks.exceptions import TaskCancelled
+    After ``timeout`` seconds the coroutine is cancelled and the run raises
+    :class:`~django_pgtasks.exceptions.TaskTimeoutError`; once ``task``'s cancellation is
+    signalled (:func:`cancel_signal`, set by the worker from any thread) it is cancelled and
+    the run raises :class:`~django_pgtasks.exceptions.TaskCancelled`. A coroutine that
+    swallows its ``CancelledError`` and returns ends with what it returned. A cancellation of
+    the current task from elsewhere (a pool shutting down) propagates as ``CancelledError``.
 
-        loop = asyncio.get_running_loop()
-        inner = asyncio.ensure_future(func(*args, **kwargs))
-        remove = signal.add_callback(lambda: loop.call_soon_threadsafe(inner.cancel))
-        try:
-            return await inner
-        except asyncio.CancelledError:
-            if not signal.is_set():
-                raise
-            raise TaskCancelled("The task was cancelled while it ran; its coroutine was "
-                                "cancelled.") from None
-        finally:
-            remove()
+    The coroutine runs in the current task, not in one of its own, so that ``SystemExit`` or
+    ``KeyboardInterrupt`` raised by the handler reaches the caller like any exception instead
+    of escaping the event loop (a long-lived one, in the async pool).
+    """
+    from django_pgtasks.exceptions import TaskCancelled, TaskTimeoutError
 
-    return cancellable
+    current = asyncio.current_task()
+    if current is None:  # pragma: no cover - only ever awaited inside a task
+        raise RuntimeError("await_handler() must be awaited inside an asyncio task")
+    loop = asyncio.get_running_loop()
+    signal = cancel_signal(task)
+    # Read and written on the loop's thread only: a cancellation scheduled from another
+    # thread is dropped once the handler is done (it would hit the caller's next await).
+    state = {"running": True, "cancelled": False}
+
+    def cancel_here() -> None:
+        if state["running"] and not state["cancelled"]:
+            state["cancelled"] = True
+            current.cancel()
+
+    remove = signal.add_callback(lambda: loop.call_soon_threadsafe(cancel_here))
+    deadline = asyncio.timeout(timeout)
+    try:
+        async with deadline:
+            return await awaitable
+    except asyncio.CancelledError:
+        if not state["cancelled"]:
+            raise
+        raise TaskCancelled("The task was cancelled while it ran; its coroutine was "
+                            "cancelled.") from None
+    except TimeoutError:
+        if not deadline.expired():
+            raise  # the handler's own TimeoutError
+        raise TaskTimeoutError(
+            f"Task exceeded its time limit of {timeout:g}s and was cancelled.") from None
+    finally:
+        state["running"] = False
+        remove()
+        if state["cancelled"]:
+            current.uncancel()  # handled here: not a cancellation of the caller's task
 
 
 def argument_problem(signature: inspect.Signature, args: tuple | list, kwargs: dict[str, Any],
