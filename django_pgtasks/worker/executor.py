@@ -4,18 +4,24 @@ callbacks (the handler's ``finished()``, ``task_finished``, the outcome's log li
 
 :class:`Executor` is the worker's part that the pool threads run; the worker's loop
 (:mod:`~django_pgtasks.worker.loop`) builds it with the callbacks it needs, and the in-test
-runner of :mod:`django_pgtasks.testing` runs a variant of it on the caller's thread.
+runner of :mod:`django_pgtasks.testing` runs a variant of it on the caller's thread. The async
+pool awaits the same run on its event loop (:meth:`Executor.execute_async`): the steps before
+and after the handler are shared, only the call of the handler differs.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 
@@ -56,6 +62,8 @@ from django_pgtasks.worker.connecting import ThreadConnections
 from django_pgtasks.worker.tracing import end_run, leave, start_run
 
 logger = logging.getLogger("django_pgtasks.worker")
+
+R = TypeVar("R")
 
 #: Per thread, the aliases of the database connections opened in it: all that
 #: ``_after_task`` has to look at (most handlers open none, and then it looks at nothing).
@@ -108,7 +116,8 @@ class Executor:
     """Runs one claimed task on the calling thread (a pool thread): gets the thread's
     connection, calls the handler, turns what it returned or raised into an outcome, hands the
     outcome in to be recorded (or records it itself), then calls the handler's ``finished()``
-    and sends ``task_finished``. Thread-safe: every pool thread runs :meth:`execute`.
+    and sends ``task_finished``. Thread-safe: every pool thread runs :meth:`execute`; the
+    async pool's event loop awaits :meth:`execute_async` for ``async def`` handlers.
 
     It owns the pool threads' connections (:attr:`thread_connections`: opened before a
     handler starts, reset after it) and the count of the runs it ended (:attr:`processed`).
@@ -181,28 +190,11 @@ class Executor:
         """:meth:`execute` without the run's span: for a pool that opens it elsewhere (the
         process pool opens it in the worker, and runs this in a child process)."""
         started = time.monotonic()
-        logger.info(
-            "Task id=%s name=%s queue=%s state=%s attempt=%d/%d",
-            task.pk, task.name, task.queue, Status.RUNNING, task.attempt, task.max_attempts,
-        )
-        try:
-            handler = get_handler(task.name)
-        except PgTasksError as exc:  # unknown (fatal), or its module failed to import
-            self._end(task, None, started, outcome_of(task, None, exc), exc)
-            return
-        task.followups = []  # next pipeline stages, filled by TaskContext.then()
-        if task.cancel_requested or cancel_was_signalled(task):
-            # Cancelled after the claim (e.g. while prefetched), or rescued after its
-            # cancellation was requested: it never starts.
-            try:
-                exc = TaskCancelled(
-                    f"Task {task.pk} was cancelled before attempt {task.attempt} started.")
-                self._end(task, None, started, Cancelled(error_text(exc)), None)
-            finally:
-                self._after_task()
+        handler = self._prepare(task)
+        if handler is None:
             return
         try:
-            if not self._connect_for(task, handler):
+            if self._cancelled_unstarted(task) or not self._connect_for(task, handler):
                 return
             self.announce(task, handler)
             # The run's duration (log line, task_finished, the metrics' histogram): the
@@ -215,6 +207,33 @@ class Executor:
             self._ran(time.monotonic() - started)
         finally:
             self._after_task()
+
+    def _prepare(self, task: Task) -> TaskHandler | None:
+        """Log the run's start and find its handler (``None``: there is none, and the run
+        ended here as failed, or interrupted if its module failed to import)."""
+        started = time.monotonic()
+        logger.info(
+            "Task id=%s name=%s queue=%s state=%s attempt=%d/%d",
+            task.pk, task.name, task.queue, Status.RUNNING, task.attempt, task.max_attempts,
+        )
+        try:
+            handler = get_handler(task.name)
+        except PgTasksError as exc:  # unknown (fatal), or its module failed to import
+            self._end(task, None, started, outcome_of(task, None, exc), exc)
+            return None
+        task.followups = []  # next pipeline stages, filled by TaskContext.then()
+        return handler
+
+    def _cancelled_unstarted(self, task: Task) -> bool:
+        """End the run as cancelled before the handler starts, if its cancellation was
+        requested (``True``): cancelled after the claim (e.g. while prefetched), or rescued
+        after its cancellation was requested. It never starts."""
+        if not (task.cancel_requested or cancel_was_signalled(task)):
+            return False
+        exc = TaskCancelled(f"Task {task.pk} was cancelled before attempt {task.attempt} "
+                            f"started.")
+        self._end(task, None, time.monotonic(), Cancelled(error_text(exc)), None)
+        return True
 
     def _connect_for(self, task: Task, handler: TaskHandler) -> bool:
         """Get this thread's connection to the task database before the handler starts
@@ -243,9 +262,18 @@ class Executor:
             with self.thread_connections.watching(task.name):
                 result = self._call(handler, task)
         except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
-            self._end(task, handler, started, outcome_of(task, handler, exc), exc)
+            self._conclude(task, handler, started, None, exc)
             return
-        if task.followups:
+        self._conclude(task, handler, started, result, None)
+
+    def _conclude(self, task: Task, handler: TaskHandler, started: float, result: Any,
+                  exc: BaseException | None) -> None:
+        """At-least-once mode, once the handler returned ``result`` or raised ``exc``: its
+        outcome (with the next pipeline stages, if any) handed in or recorded. ``started``:
+        when the handler began."""
+        if exc is not None:
+            self._end(task, handler, started, outcome_of(task, handler, exc), exc)
+        elif task.followups:
             self._succeed_with_followups(task, handler, result, started)
         else:
             self._end(task, handler, started, Succeeded(result), None)
@@ -394,6 +422,12 @@ class Executor:
 
     def _after_task(self) -> None:
         """Reset this thread's connections for the next task, then pause (``task_pause``)."""
+        self._reset_connections()
+        if self.task_pause:
+            self._stopping.wait(self.task_pause)
+
+    def _reset_connections(self) -> None:
+        """Reset this thread's connections for the next task."""
         # A handler may have broken its connection (or left a transaction open): reset it so
         # the next task in this thread starts clean. Healthy connections are kept for reuse,
         # except pooled ones (OPTIONS["pool"]), which go back to the pool between tasks so
@@ -416,8 +450,83 @@ class Executor:
             elif (getattr(conn, "pool", None) is not None
                     or (conn.errors_occurred and not conn.is_usable())):
                 conn.close()
+
+    # -- the async pool: a run awaited on its event loop -----------------------------------
+
+    async def execute_async(self, task: Task) -> None:
+        """Run one claimed task whose handler is an ``async def`` function (not ``atomic``)
+        on the running event loop, and have its outcome recorded: the async pool's
+        (:mod:`~django_pgtasks.worker.pools.coroutines`) counterpart of :meth:`execute`.
+
+        The same steps, shared with :meth:`execute` (start, outcome, callbacks, connection
+        reset), but the handler is awaited (``handler.acall()``) in the current asyncio task,
+        and each step that may use the database runs through
+        ``sync_to_async(thread_sensitive=True)``: on the one thread the pool's loop gives
+        thread-sensitive code (as it gives the handlers' async ORM calls), never on the loop.
+        No connection is got before the handler starts: a coroutine has no thread (and no
+        connection) of its own. Never raises but ``CancelledError`` when the current task is
+        cancelled from outside (the pool at shutdown): then no outcome is handed in, and the
+        task is the worker's to give back.
+        """
+        token = start_run(task, self.worker_id)
+        try:
+            await self._execute_coroutine(task)
+        finally:
+            if token is not None:
+                leave(token)
+
+    async def _execute_coroutine(self, task: Task) -> None:
+        started = time.monotonic()
+        handler = await _on_thread(self._open)(task)
+        if handler is None:
+            return
+        began = time.monotonic()
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = await handler.acall(task, self.worker_id)
+        except asyncio.CancelledError as exc:
+            if _cancelling():  # the pool's, not the handler's own: the run ends unrecorded
+                await _on_thread(self._reset_connections)()
+                raise
+            error = exc
+        except BaseException as exc:  # SystemExit/KeyboardInterrupt from a handler: a failure
+            error = exc
+        await _on_thread(self._close)(task, handler, began, result, error)
+        self._ran(time.monotonic() - started)
         if self.task_pause:
-            self._stopping.wait(self.task_pause)
+            await self._pause()
+
+    def _open(self, task: Task) -> TaskHandler | None:
+        """The start of a run on the event loop, in one call on the database thread: its
+        handler (``None``: the run ended before it started)."""
+        handler = self._prepare(task)
+        if handler is None:
+            return None
+        opened = False
+        try:
+            if not self._cancelled_unstarted(task):
+                self.announce(task, handler)
+                opened = True
+        finally:
+            if not opened:
+                self._reset_connections()
+        return handler if opened else None
+
+    def _close(self, task: Task, handler: TaskHandler, began: float, result: Any,
+               exc: BaseException | None) -> None:
+        """The end of a run on the event loop, in one call on the database thread: its
+        outcome, then the connection reset."""
+        try:
+            self._conclude(task, handler, began, result, exc)
+        finally:
+            self._reset_connections()
+
+    async def _pause(self) -> None:
+        """``task_pause`` after a run on the event loop, cut short once ``stopping`` is set."""
+        end = time.monotonic() + self.task_pause
+        while not self._stopping.is_set() and (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, 0.1))
 
 
 def outcome_of(task: Task, handler: TaskHandler | None, exc: BaseException) -> Outcome:
@@ -467,6 +576,97 @@ def _while_handling(exc: BaseException | None, callback: Callable[[], object]) -
         raise exc
     except BaseException:
         callback()
+
+
+def _on_thread(func: Callable[..., R]) -> Callable[..., Awaitable[R]]:
+    """``func`` awaitable from the event loop, run on the thread the loop gives
+    thread-sensitive code (the async pool's database thread), with the other steps waiting
+    there (:class:`_ThreadSteps`)."""
+
+    async def call(*args: Any) -> R:
+        loop = asyncio.get_running_loop()
+        steps = _steps.get(loop)
+        if steps is None:
+            steps = _steps[loop] = _ThreadSteps()
+        return await steps.run(func, args)
+
+    return call
+
+
+class _ThreadSteps:
+    """The sync steps of the runs on one event loop, run in batches on the thread the loop
+    gives thread-sensitive code (``sync_to_async(thread_sensitive=True)``).
+
+    Passing a call to a thread and its result back costs more than most steps (a signal, an
+    outcome handed in: microseconds), and hundreds of runs starting or ending at once would
+    take one such hop each; here the steps waiting when the thread is free go in one hop, each
+    in the context of the run that asked for it. Read and written on the loop's thread only.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: list[_Step] = []
+        self._running = False
+        #: The task that runs the waiting steps (kept referenced while it runs).
+        self._runner: asyncio.Task[None] | None = None
+
+    async def run(self, func: Callable[..., R], args: tuple[Any, ...]) -> R:
+        loop = asyncio.get_running_loop()  # not kept: the loop is this object's weak key
+        future: asyncio.Future[R] = loop.create_future()
+        self._waiting.append((contextvars.copy_context(), func, args, future))
+        if not self._running:
+            self._running = True
+            # In the caller's context: its thread-sensitive context says which thread.
+            self._runner = loop.create_task(self._run_waiting())
+        return await future
+
+    async def _run_waiting(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    results = await sync_to_async(_run_steps, thread_sensitive=True)(batch)
+                except BaseException as exc:  # pragma: no cover - _run_steps catches all
+                    results = [(False, exc)] * len(batch)
+                for (_, _, _, future), (ok, value) in zip(batch, results, strict=True):
+                    if future.done():  # its run was cancelled meanwhile
+                        continue
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+        finally:
+            self._running = False
+            self._runner = None
+
+
+#: A step waiting for the database thread: its run's context, the call, its future.
+_Step = tuple[contextvars.Context, Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
+
+#: The steps of each event loop that runs coroutines of the async pool.
+_steps: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _ThreadSteps] = (
+    weakref.WeakKeyDictionary())
+
+
+def _run_steps(batch: list[_Step]) -> list[tuple[bool, Any]]:
+    """(On the database thread.) Each step of ``batch``, in its run's context; what it
+    returned or raised. A step whose run was cancelled before it began is skipped, as
+    ``sync_to_async`` skips a call not started yet."""
+    results: list[tuple[bool, Any]] = []
+    for context, func, args, future in batch:
+        if future.cancelled():
+            results.append((False, None))
+            continue
+        try:
+            results.append((True, context.run(func, *args)))
+        except BaseException as exc:  # handed to the run that asked, like any result
+            results.append((False, exc))
+    return results
+
+
+def _cancelling() -> bool:
+    """Whether the current asyncio task is being cancelled from outside."""
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() > 0
 
 
 def _one_line(exc: BaseException) -> str:
