@@ -21,7 +21,7 @@ from django_pgtasks.database.connection_budget import (
 from django_pgtasks.database.schema import missing_migrations
 from django_pgtasks.definition.options import PRIORITY_MAX, PRIORITY_MIN, QUEUE_NAME_RE
 from django_pgtasks.retry import POLICIES
-from django_pgtasks.worker.pools import PoolOptions, check_options
+from django_pgtasks.worker.pools import PoolOptions, check_options, connection_holders
 
 #: A module path, as PGTASKS["TASK_MODULES"] lists them.
 _MODULE_PREFIX_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -516,7 +516,8 @@ def check_connection_budget(
         except DatabaseError:
             continue  # check_queue_tables reports the unreachable database (W041)
         available = available_connections(max_connections, superuser_reserved, reserved)
-        needed = connections_needed(1, threads, connections[alias].settings_dict)
+        needed = connections_needed(1, connection_holders(pgtasks_settings.POOL, threads),
+                                    connections[alias].settings_dict)
         if needed > available:
             warnings.append(Warning(
                 f"One worker process with PGTASKS['CONCURRENCY'] = {threads} threads needs "

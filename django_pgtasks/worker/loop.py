@@ -464,8 +464,8 @@ class Worker:
         # Tasks still running past the grace period: their runs are interrupted (not failed)
         # and they go back to their place in the queue now, rather than when the rescue finds
         # them; then exit without waiting for their threads (Python cannot interrupt one). A
-        # pool that can stop its runs (the process pool's children) does so first: none runs
-        # on once its task is given back.
+        # pool that can stop its runs (the process pool's children, the async pool's
+        # coroutines) does so first: none runs on once its task is given back.
         self.completion.record(everything=True)
         unfinished = pool.running()
         pool.terminate()

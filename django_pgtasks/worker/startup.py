@@ -27,6 +27,7 @@ from django_pgtasks.database.connection_budget import (
 from django_pgtasks.database.schema import missing_migrations, not_migrated
 from django_pgtasks.database.sessions import open_connection
 from django_pgtasks.definition.routing import database_for_queue, queue_databases, queues_on
+from django_pgtasks.worker.pools import connection_holders
 from django_pgtasks.worker.supervisor import configure_logging
 
 logger = logging.getLogger("django_pgtasks.run_pgtasks")
@@ -35,11 +36,11 @@ logger = logging.getLogger("django_pgtasks.run_pgtasks")
 WORKER_APPLICATION_NAME = "pgtasks worker"
 
 
-def preflight(alias: str, processes: int, threads: int) -> None:
+def preflight(alias: str, processes: int, threads: int, pool: str = "thread") -> None:
     """Before any worker starts on ``alias``: raise
     :class:`~django_pgtasks.exceptions.NotMigratedError` when the database lacks migrations
     of django-pgtasks, and log a WARNING when ``processes`` worker processes of ``threads``
-    threads may need more connections than its server accepts
+    concurrency (with their ``pool``) may need more connections than its server accepts
     (:mod:`django_pgtasks.database.connection_budget`). A database that cannot be reached is left
     to the workers, which wait for it (and stop with the same error if it comes back unmigrated)."""
     if connections[alias].vendor != "postgresql":
@@ -61,7 +62,8 @@ def preflight(alias: str, processes: int, threads: int) -> None:
     if pgtasks_settings.POOLER is not None:
         return  # the pooler's pool size bounds the server connections, not the workers
     available = available_connections(max_connections, superuser_reserved, reserved)
-    needed = connections_needed(processes, threads, connections[alias].settings_dict)
+    needed = connections_needed(processes, connection_holders(pool, threads),
+                                connections[alias].settings_dict)
     if needed > available:
         logger.warning(
             "Connection budget exceeded: database=%s processes=%d concurrency=%d need up to "
@@ -123,7 +125,8 @@ def run(groups: list[dict[str, Any]], processes: int, log_level: str) -> int:
     os.environ.setdefault("PGAPPNAME", WORKER_APPLICATION_NAME)
     for group in groups:
         preflight(
-            group["using"], processes, group["concurrency"] or pgtasks_settings.CONCURRENCY
+            group["using"], processes, group["concurrency"] or pgtasks_settings.CONCURRENCY,
+            group.get("pool") or pgtasks_settings.POOL,
         )
     if processes > 1 or len(groups) > 1:
         from django_pgtasks.worker.supervisor import Supervisor

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -79,6 +80,19 @@ def echo(*args: Any, **kwargs: Any) -> list[Any]:
 async def async_add(a: int, b: int) -> int:
     await asyncio.sleep(0)
     return a + b
+
+
+@task
+async def async_thread_name() -> str:
+    """The name of the thread it ran on (the async pool's loop, or a pool thread)."""
+    await asyncio.sleep(0)
+    return threading.current_thread().name
+
+
+@task
+async def async_fails(message: str = "boom") -> None:
+    await asyncio.sleep(0)
+    raise ValueError(message)
 
 
 @task(takes_context=True)

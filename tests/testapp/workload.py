@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 
@@ -13,3 +14,12 @@ def pause(seconds: float) -> None:
     (``tests.helpers.wait_until``). The one place a handler of the test app sleeps.
     """
     time.sleep(seconds)
+
+
+async def wait_on_io(seconds: float) -> None:
+    """Keep the calling coroutine waiting ``seconds``, as real I/O would (without blocking its
+    event loop; a time limit or a cancellation cuts it short).
+
+    Workload, not a wait a test depends on. The one place a coroutine of the test app
+    sleeps."""
+    await asyncio.sleep(seconds)

@@ -84,6 +84,19 @@ def check_options(options: PoolOptions) -> str | None:
     return None
 
 
+def connection_holders(kind: str, size: int) -> int:
+    """How many parts of one worker process of pool ``kind`` and ``size`` (``--concurrency``)
+    may each hold a connection to the task database, besides the process's own: one per
+    thread (``thread``) or child process (``process``); for ``async``, the event loop's
+    database thread and the threads of its sync handlers (:mod:`.coroutines`), however many
+    coroutines run."""
+    if kind == "async":
+        from django_pgtasks.worker.pools.coroutines import sync_threads
+
+        return 1 + sync_threads(size)
+    return size
+
+
 def make_pool(options: PoolOptions, executor: Executor, slot_freed: threading.Event,
               on_crash: Callable[[Task, BaseException], None] | None = None,
               stop: Callable[[int], None] | None = None) -> Pool:
@@ -103,4 +116,8 @@ def make_pool(options: PoolOptions, executor: Executor, slot_freed: threading.Ev
         from django_pgtasks.worker.pools.processes import ProcessPool
 
         return ProcessPool(options, executor, slot_freed, on_crash=on_crash, stop=stop)
+    if options.kind == "async":
+        from django_pgtasks.worker.pools.coroutines import AsyncPool
+
+        return AsyncPool(options.size, executor, slot_freed, on_crash=on_crash)
     raise NotImplementedError(f"the {options.kind!r} pool is not available yet")
