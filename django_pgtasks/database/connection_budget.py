@@ -15,6 +15,11 @@ every database that holds queues it serves). Each process opens, to its database
 That is ``P * (4 + T)``: ``--processes 4 --concurrency 25`` needs up to 4 * 29 = 116
 connections, more than PostgreSQL's default ``max_connections = 100``.
 
+With ``--pool async`` the coroutines share one thread for their database calls, and the
+sync handlers run on at most four threads beside them: T is then ``1 + min(T, 4)``, however
+many coroutines run (the worker computes it: ``connection_holders()`` of
+``django_pgtasks.worker.pools``).
+
 With Django's connection pool (``DATABASES[alias]["OPTIONS"]["pool"]``, Django 5.1 or later,
 ``pip install "psycopg[pool]"``) a thread takes a connection from the pool for each task and
 gives it back afterwards, so the threads of one process hold at most the pool's ``max_size``
