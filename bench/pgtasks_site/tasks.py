@@ -1,4 +1,7 @@
-"""The benchmark's handler: a task that does nothing, so only the queue's own cost shows."""
+"""The benchmark's handlers: a task that does nothing, so only the queue's own cost shows; tasks
+of known length, one that sleeps (bench/pools.py) and one that awaits (bench/pools_async.py)."""
+
+import asyncio
 
 from django_pgtasks import pgtask
 
@@ -20,3 +23,10 @@ def sleep(ms: float) -> None:
     import time
 
     time.sleep(ms / 1000)
+
+
+@pgtask(name="bench.await_sleep")
+async def await_sleep(seconds: float) -> None:
+    """Waits ``seconds`` without blocking its event loop: an I/O-bound task
+    (bench/pools_async.py)."""
+    await asyncio.sleep(seconds)
