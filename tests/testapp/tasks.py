@@ -319,13 +319,13 @@ def misbehave(how: str) -> None:
     import signal
 
     if how == "sleep":  # hung in C
-        time.sleep(3600)
+        pause(3600)  # time.sleep: in C
     elif how == "busy":  # a pure-Python busy loop
         while True:
             pass
     elif how == "ignore_term":  # ignores SIGTERM, hung in C
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        time.sleep(3600)
+        pause(3600)
     elif how == "segfault":
         ctypes.string_at(0)
     elif how == "exit":
@@ -387,7 +387,7 @@ def atomic_hangs_once(ctx: TaskContext) -> int:
     Execution.objects.create(task_id=ctx.task_id, worker=f"pid={os.getpid()} ",
                              attempt=ctx.attempt)
     if ctx.attempt == 1:
-        time.sleep(3600)
+        pause(3600)
     return os.getpid()
 
 
@@ -408,5 +408,5 @@ def records_and_waits(ctx: TaskContext, gate: str) -> int:
 
     record_run(ctx)
     while not os.path.exists(gate):
-        time.sleep(0.01)
+        pause(0.01)
     return os.getpid()
