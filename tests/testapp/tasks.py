@@ -319,7 +319,7 @@ def misbehave(how: str) -> None:
     import signal
 
     if how == "sleep":  # hung in C
-        pause(3600)  # time.sleep: in C
+        pause(3600)  # a sleep in C
     elif how == "busy":  # a pure-Python busy loop
         while True:
             pass
