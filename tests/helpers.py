@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, connections
@@ -46,6 +46,22 @@ def large_seq_scans(plan: str | list, using: str = "default") -> list[str]:
         cursor.execute("SELECT relname FROM pg_class WHERE relname = ANY (%s) "
                        "AND reltuples > %s", [names, LARGE_TABLE_ROWS])
         return [row[0] for row in cursor.fetchall()]
+
+
+def assert_history_read_by_index(plan: str, since: datetime, now: datetime) -> None:
+    """``plan`` reads a window of ended tasks from ``since`` to ``now``: the daily periods
+    before ``now``'s (and the catch partition before them) that the window reaches are read
+    through a finished_at index; a window within ``now``'s day (late in a UTC day) prunes
+    every older one, and the plan must show none of them."""
+    today = now.astimezone(UTC).strftime("%Y%m%d")
+    older = sorted({name for name, period in re.findall(
+        r"(pgtasks_task_(?:done|failed)_(before|p\d{8}))\b", plan)
+        if period == "before" or period[1:] < today})
+    if since < now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0):
+        assert re.search(r"Index (Only )?Scan using pgtasks_task_\w+_finished_at_idx",
+                         plan), plan
+    else:
+        assert not older, f"{older} are before {since}:\n{plan}"
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 120, what: str = "") -> None:
