@@ -1,6 +1,8 @@
-"""The overhead per task of each execution pool: the thread pool against the process pool.
+"""The overhead per task of each execution pool: the thread, process and async pools.
 
-For each pool and each kind of task (a no-op, and a 10 ms sleep), N tasks are inserted at
+For each pool and each kind of task (a no-op, and a 10 ms sleep; as ``async def`` handlers
+on the async pool, which runs them as coroutines, plain functions elsewhere), N tasks are
+inserted at
 once and drained by ``run_pgtasks --burst --pool <pool> --concurrency C``; the drain's span is
 taken from the database (the first task's start to the last one's finish). The time a slot
 spends per task is ``span * C / N``; the overhead per task is that minus what the handler
@@ -28,9 +30,13 @@ from pathlib import Path
 from common import PGTASKS_SETTINGS, ROOT, child_env, connect, drop_database, recreate_database
 
 DATABASE = f"pgtasks_bench_pools_{os.getpid()}"
-#: (label, task name, args as JSON, the handler's own time in ms)
-KINDS = [("no-op", "bench.noop", "[]", 0.0), ("10 ms", "bench.sleep", "[10]", 10.0)]
-POOLS = ("thread", "process")
+#: (label, the handler's own time in ms, {pool: (task name, args as JSON)})
+SYNC = {"no-op": ("bench.noop", "[]"), "10 ms": ("bench.sleep", "[10]")}
+ASYNC = {"no-op": ("bench.async_noop", "[]"), "10 ms": ("bench.await_sleep", "[0.01]")}
+KINDS = [(label, own_ms, {"thread": SYNC[label], "process": SYNC[label],
+                          "async": ASYNC[label]})
+         for label, own_ms in (("no-op", 0.0), ("10 ms", 10.0))]
+POOLS = ("thread", "process", "async")
 
 
 def django(*args: str) -> subprocess.CompletedProcess:
@@ -76,12 +82,12 @@ def main() -> None:
     try:
         django("migrate", "-v0")
         rows = []
-        for label, name, task_args, own_ms in KINDS:
+        for label, own_ms, handlers in KINDS:
             n = args.tasks if own_ms == 0 else max(args.tasks // 3, 100)
             results: dict[str, list[dict[str, float]]] = {pool: [] for pool in POOLS}
             for _ in range(args.rounds):  # interleaved, so that a busy moment hits both
                 for pool in POOLS:
-                    results[pool].append(drain(pool, name, task_args, n, args.concurrency))
+                    results[pool].append(drain(pool, *handlers[pool], n, args.concurrency))
             for pool in POOLS:
                 med = {key: statistics.median(r[key] for r in results[pool])
                        for key in ("rate", "slot_ms", "cpu_ms")}

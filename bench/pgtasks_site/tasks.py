@@ -11,6 +11,11 @@ def noop() -> None:
     """Does nothing."""
 
 
+@pgtask(name="bench.async_noop")
+async def async_noop() -> None:
+    """Does nothing, as a coroutine: the async pool's no-op (bench/pools.py)."""
+
+
 @pgtask(name="bench.collect", context=True)
 def collect(context) -> int:
     """A workflow step that reads how the tasks it waited for ended (bench/workflows.py)."""

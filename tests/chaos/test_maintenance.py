@@ -28,7 +28,8 @@ from django_pgtasks.worker.maintainer import STOP_WAIT
 from tests.helpers import DAY, first_period_start, wait_until
 from tests.testapp import tasks
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow,
+              pytest.mark.usefixtures("history_without_gaps")]
 
 #: How long tasks wait, from their enqueue to their start (database clock), at the median,
 #: and at the most: far below the maintainer's lock timeout (1 s) that a claim waiting behind

@@ -27,7 +27,8 @@ from django_pgtasks.worker.loop import Worker
 from tests.helpers import first_period_start, run_workers, wait_until
 from tests.testapp import tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("history_without_gaps")]
 
 DAY = timedelta(days=1)
 

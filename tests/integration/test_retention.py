@@ -31,7 +31,8 @@ from django_pgtasks.worker.loop import Worker
 from tests.helpers import sessions_waiting_for_a_lock, wait_until
 from tests.testapp import tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("history_without_gaps")]
 
 DAY = timedelta(days=1)
 MINUTE = timedelta(minutes=1)

@@ -66,6 +66,7 @@ from django_pgtasks.worker.pools.forkserver import (
     ForkServerLost,
     describe_exit,
 )
+from django_pgtasks.worker.pools.slots import Run, SlotPool
 from django_pgtasks.worker.tracing import leave, start_run
 
 if TYPE_CHECKING:
@@ -82,15 +83,6 @@ KILL_GRACE = 5.0
 EXIT_GRACE = 10.0
 #: Seconds to wait for the fork server's report of a child whose socket closed.
 DEATH_REPORT_WAIT = 5.0
-
-
-@dataclass
-class _Run:
-    """A submitted task: its time limit, and once a slot took it, its deadline."""
-
-    task: Task
-    limit: float | None
-    sent: bool = False
 
 
 class _Child:
@@ -117,7 +109,7 @@ class _Child:
             self.connection.close()
 
 
-class ProcessPool:
+class ProcessPool(SlotPool):
     """``size`` child processes, each running one task at a time (see the module docstring).
 
     It has the interface of :class:`~.threads.ThreadPool` (:class:`~.Pool`). It enforces the
@@ -129,23 +121,17 @@ class ProcessPool:
     def __init__(self, options: PoolOptions, executor: Executor, slot_freed: threading.Event,
                  on_crash: Callable[[Task, BaseException], None] | None = None,
                  stop: Callable[[int], None] | None = None) -> None:
+        super().__init__(slot_freed)
         self._executor = executor
         self._size = options.size
         self._max_tasks = options.max_tasks_per_child
         self._max_memory = (None if options.max_memory_per_child is None
                             else options.max_memory_per_child * 1024 * 1024)
-        self._slot_freed = slot_freed
         self._on_crash = on_crash
         self._stop_worker = stop or (lambda code: None)
-        self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
-        self._running: dict[int, _Run] = {}
-        self._lock = threading.Lock()
-        self._resting = 0
-        self._closing = threading.Event()
         #: Set by :meth:`terminate`: the children are being killed, their runs are the
         #: worker's to record (as interrupted by the shutdown).
         self._terminating = threading.Event()
-        self._rest = threading.local()
         config = ChildConfig(using=executor.using, worker_id=executor.worker_id,
                              concurrency=options.size)
         self._forkserver = ForkServer(lambda channel: child_main(channel, config),
@@ -158,62 +144,9 @@ class ProcessPool:
     # -- the Pool interface ------------------------------------------------------------------
 
     @property
-    def busy(self) -> int:
-        """Tasks submitted and not finished yet."""
-        return len(self._running)
-
-    @property
-    def started(self) -> int:
-        """Tasks sent to a child and not finished yet."""
-        with self._lock:
-            return sum(1 for run in self._running.values() if run.sent)
-
-    @property
-    def resting(self) -> int:
-        """Slots that take no task for now (their child was refused a connection)."""
-        return self._resting
-
-    @property
     def stuck(self) -> int:
         """Always 0: a child over its time limit is killed, never left running."""
         return 0
-
-    def rest(self, seconds: float) -> None:
-        """Called on a slot's thread: once its current task ends, the slot takes no other
-        for ``seconds`` (a child reports its own rests with its run)."""
-        self._rest.seconds = seconds
-
-    def get(self, pk: int) -> Task | None:
-        with self._lock:
-            run = self._running.get(pk)
-            return run.task if run is not None else None
-
-    def running(self) -> list[Task]:
-        with self._lock:
-            return [run.task for run in self._running.values()]
-
-    def ids(self) -> set[int]:
-        with self._lock:
-            return set(self._running)
-
-    def submit(self, task: Task, limit: float | None = None) -> None:
-        with self._lock:
-            self._running[task.pk] = _Run(task, limit)
-        self._queue.put(task)
-
-    def take_waiting(self) -> list[Task]:
-        """Remove and return the submitted tasks no child has been sent yet."""
-        taken = []
-        with self._lock:
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not None:
-                    self._running.pop(item.pk, None)
-                    taken.append(item)
-        return taken
 
     def overdue(self) -> list[tuple[Task, float]]:
         """Always empty: the pool stops the children over their time limit itself."""
@@ -225,8 +158,7 @@ class ProcessPool:
     def shutdown(self) -> None:
         """Once the queued tasks ran: let every child exit, then stop the fork server."""
         self._closing.set()
-        for _ in self._slots:
-            self._queue.put(None)
+        self._end_slots(len(self._slots))
         for slot in self._slots:
             slot.join()
         self._forkserver.close()
@@ -238,8 +170,7 @@ class ProcessPool:
         self._terminating.set()
         self._closing.set()
         self._forkserver.close()  # which kills every child, and returns once they are gone
-        for _ in self._slots:
-            self._queue.put(None)
+        self._end_slots(len(self._slots))
 
     # -- the slots -------------------------------------------------------------------------
 
@@ -250,30 +181,16 @@ class ProcessPool:
             while True:
                 if child is None and not self._closing.is_set():
                     child = self._spawn()
-                task = self._queue.get()
-                if task is None:
+                run = self._next()
+                if run is None:
                     break
-                with self._lock:
-                    run = self._running.get(task.pk)
-                if run is None:  # taken back meanwhile
-                    continue
                 child = self._run_in(child, run)
-                with self._lock:
-                    if self._running.get(task.pk) is run:
-                        del self._running[task.pk]
-                    rest = getattr(self._rest, "seconds", 0.0)
-                    if rest:
-                        self._resting += 1
-                self._slot_freed.set()
+                rest = self._finished(run)
                 if child is not None and self._worn_out(child):
                     self._retire(child)
                     child = None
                 if rest:
-                    self._rest.seconds = 0.0
-                    self._closing.wait(rest)
-                    with self._lock:
-                        self._resting -= 1
-                    self._slot_freed.set()
+                    self._rest_for(rest)
                 elif self._executor.task_pause:
                     self._closing.wait(self._executor.task_pause)
         except BaseException:
@@ -293,7 +210,7 @@ class ProcessPool:
             return None
         return _Child(pid, channel)
 
-    def _run_in(self, child: _Child | None, run: _Run) -> _Child | None:
+    def _run_in(self, child: _Child | None, run: Run) -> _Child | None:
         """Run ``run``'s task in ``child`` (or a new child, if it is gone); return the child
         to use next (``None``: it is gone)."""
         task = run.task
@@ -318,8 +235,6 @@ class ProcessPool:
             self._ended(task, RunReport(outcome=Unstarted("its child process died before it "
                                                           "got the task"), quiet=True))
             return None
-        with self._lock:
-            run.sent = True
         began = time.monotonic()
         deadline = None if run.limit is None else began + run.limit
         remove = cancel_signal(task).add_callback(
