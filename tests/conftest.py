@@ -13,9 +13,11 @@ import psycopg
 import pytest
 from django.db import connection, connections
 
-from tests import second_server
+from tests import fast_flush, second_server
 
 ROOT = Path(__file__).resolve().parent.parent
+
+fast_flush.install()
 
 
 @pytest.fixture
