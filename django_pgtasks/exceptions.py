@@ -40,6 +40,12 @@ class FatalError(PgTasksError):
     """
 
 
+class StepError(FatalError, ValueError):
+    """A step of a durable task (``context.step()``) was misused: a name that is not a
+    non-empty string of at most 200 characters, or a name used twice in one run. Another
+    attempt cannot fix that: the task fails at once."""
+
+
 class LeaseLostError(PgTasksError):
     """The worker no longer holds the task it tried to finish.
 

@@ -15,7 +15,7 @@ from django.db.models import Field as ModelField
 from django.forms import Field as FormField
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
@@ -194,6 +194,28 @@ class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, Workf
     @admin.display(description=_("metadata"))
     def metadata_json(self, obj: Task) -> SafeString:
         return _pretty_json(obj.metadata)
+
+    @admin.display(description=_("completed steps"))
+    def steps_table(self, obj: Task) -> SafeString:
+        """The task's kept steps (``ctx.step()``), in the order they completed: name, the
+        attempt that ran it, when it was kept, how long it took, its result (cut short)."""
+        rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                                    "<td>{}</td><td><code>{}</code></td></tr>", (
+            (i, entry.get("name", ""), entry.get("attempt", ""), entry.get("at", ""),
+             f"{entry['ms']:g} ms" if isinstance(entry.get("ms"), (int, float)) else "",
+             Truncator(json.dumps(entry.get("result"), ensure_ascii=False)).chars(200))
+            for i, entry in enumerate(obj.steps or [], 1) if isinstance(entry, dict)))
+        return format_html(
+            '<table class="pgtasks-steps"><thead><tr><th>#</th><th>{}</th><th>{}</th>'
+            "<th>{}</th><th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
+            _("step"), _("attempt"), _("kept at"), _("took"), _("result"), rows)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Task | None = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj.steps:
+            return fieldsets
+        # Before the data: what the task got through so far.
+        return (*fieldsets[:-3], (_("Steps"), {"fields": ("steps_table",)}), *fieldsets[-3:])
 
     @admin.display(description=_("error"))
     def error_text_full(self, obj: Task) -> SafeString | str:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import difflib
 import inspect
+import json
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -99,12 +102,26 @@ def cancel_was_signalled(task: TaskRow) -> bool:
     return signal is not None and signal.is_set()
 
 
+@dataclass
+class _StepState:
+    """What a run's context knows of its steps."""
+
+    #: The step names used in this run (each at most once).
+    names: set[str] = field(default_factory=set)
+    #: The task's kept steps by name, read from the claimed row at the first step.
+    kept: dict[str, dict[str, Any]] | None = None
+    #: The bytes their results take as JSON.
+    used: int = 0
+
+
 @dataclass(frozen=True)
 class TaskContext:
     """Passed as the first argument to handlers registered with ``context=True``."""
 
     task: TaskRow
     worker_id: str
+    _steps: _StepState = field(default_factory=_StepState, init=False, repr=False,
+                               compare=False)
 
     @property
     def task_id(self) -> int:
@@ -142,6 +159,60 @@ class TaskContext:
         """Sleep up to ``seconds``, waking early if the task is cancelled; return
         :meth:`should_stop`. For handlers that poll or back off between steps."""
         return cancel_signal(self.task).wait(seconds)
+
+    # -- durable steps ---------------------------------------------------------------------
+
+    def step(self, name: str, func: Callable[..., Any], /, *args: Any, atomic: bool = False,
+             **kwargs: Any) -> Any:
+        """Run ``func(*args, **kwargs)`` as the step ``name`` of this task, once: its result
+        is kept with the task when it returns, and when the task runs again (a retry, a
+        rescue after its worker died, a re-run from a step) a step kept already returns
+        its kept result without running.
+
+        The result must be plain JSON within ``PGTASKS["MAX_RESULT_BYTES"]``, and is
+        returned as it was kept (a tuple comes back as a list, on the first run too).
+        ``atomic=True`` runs ``func`` in a transaction with the step's checkpoint: its
+        database writes commit together with it, exactly once; otherwise a step that was
+        interrupted before its checkpoint runs again (at least once). Names are unique
+        within a run (:class:`~django_pgtasks.exceptions.StepError`). If the run lost the
+        task meanwhile (rescued, cancelled), the checkpoint raises
+        :class:`~django_pgtasks.exceptions.LeaseLostError` (and an atomic step's writes are
+        rolled back). For ``def`` handlers: the checkpoint is a database write.
+        """
+        from django_pgtasks.definition import steps as rules
+        from django_pgtasks.exceptions import StepError
+
+        name = rules.check_name(name)
+        state = self._steps
+        if name in state.names:
+            raise StepError(f"Step {name!r} ran already in this run of task {self.task_id}: "
+                            f"step names are unique within a run.")
+        state.names.add(name)
+        if state.kept is None:
+            state.kept = rules.completed(self.task.steps)
+            state.used = rules.results_bytes(self.task.steps)
+        entry = state.kept.get(name)
+        if entry is not None:
+            return copy.deepcopy(entry.get("result"))
+        tasks = _tasks()
+        began = time.monotonic()
+        if atomic:
+            from django.db import transaction
+
+            with transaction.atomic(using=tasks.task_database(self.task)):
+                value = func(*args, **kwargs)
+                text = rules.stored_result(value, name, len(state.kept), state.used)
+                kept = tasks.checkpoint_step(self.task, name, text,
+                                             (time.monotonic() - began) * 1000)
+        else:
+            value = func(*args, **kwargs)
+            text = rules.stored_result(value, name, len(state.kept), state.used)
+            kept = tasks.checkpoint_step(self.task, name, text,
+                                         (time.monotonic() - began) * 1000)
+        state.kept[name] = kept
+        state.used += len(text)
+        self.task.steps = [*self.task.steps, kept]
+        return json.loads(text)
 
     # -- workflows -------------------------------------------------------------------------
 

@@ -192,15 +192,21 @@ def normalize_result(value: Any, what: str = "The task's return value") -> Any:
     is refused. Raises :class:`~django_pgtasks.exceptions.InvalidPayloadError`; the callers
     turn it into :class:`~django_pgtasks.exceptions.UnstorableResultError`.
     """
+    return result_json(value, what)[0]
+
+
+def result_json(value: Any, what: str = "The task's return value") -> tuple[Any, str]:
+    """:func:`normalize_result`, and the value's JSON text (compact, ASCII-only)."""
     clean = normalize_value(value, what)
-    size = len(_encode(clean, what))  # ASCII-only JSON: characters are bytes
+    text = _encode(clean, what)
+    size = len(text)  # ASCII-only JSON: characters are bytes
     limit = pgtasks_settings.MAX_RESULT_BYTES
     if size > limit:
         raise InvalidPayloadError(
             f"{what} takes {size} bytes as JSON, more than the limit of {limit} bytes "
             f'(PGTASKS["MAX_RESULT_BYTES"]); store large data elsewhere and return its id.'
         )
-    return clean
+    return clean, text
 
 
 def normalize_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list, dict]:

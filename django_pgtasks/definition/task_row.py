@@ -26,6 +26,8 @@ class TaskRow(Protocol):
     run_after: datetime
     metadata: Any
     result: Any
+    #: The steps that completed (context.step()): entries of django_pgtasks.definition.steps.
+    steps: Any
     error_text: str
     key: str | None
     locked_by: str | None

@@ -83,12 +83,14 @@ def append_error_sql(error: str = "%s", table: str = "pgtasks_task") -> str:
 def _unless_rerun(status: str, attempt: str = "t.attempt", run_after: str = "t.run_after",
                   worker_ids: str = "t.worker_ids") -> str:
     """The SET clauses every end of a run shares, with the re-run rule: a task enqueued again
-    under its key while it ran (``rerun_requested``) is due again now, attempts afresh."""
+    under its key while it ran (``rerun_requested``) is due again now, attempts and steps
+    afresh."""
     return f"""
         status = CASE WHEN t.rerun_requested THEN 'READY' ELSE {status} END,
         attempt = CASE WHEN t.rerun_requested THEN 0 ELSE {attempt} END,
         run_after = CASE WHEN t.rerun_requested THEN statement_timestamp() ELSE {run_after} END,
         worker_ids = CASE WHEN t.rerun_requested THEN '[]'::jsonb ELSE {worker_ids} END,
+        steps = CASE WHEN t.rerun_requested THEN '[]'::jsonb ELSE t.steps END,
         rerun_requested = false, finished_at = statement_timestamp(), locked_at = NULL,
         updated_at = statement_timestamp()"""
 

@@ -33,7 +33,7 @@ from django_pgtasks.definition.status import Status
 from django_pgtasks.definition.task_row import TaskRow
 from django_pgtasks.exceptions import InvalidTaskError, UnknownTaskError
 from django_pgtasks.lifecycle import claim as claiming
-from django_pgtasks.lifecycle import dependencies, inserts, transitions
+from django_pgtasks.lifecycle import dependencies, inserts, steps, transitions
 from django_pgtasks.lifecycle.row_loading import load_rows
 from django_pgtasks.models.dependencies import OnParentFailure
 from django_pgtasks.models.queries import TaskQuerySet
@@ -327,6 +327,16 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
             for task in tasks:
                 task_enqueued.send(sender=self.model, task=task)
         return workflows[tasks[0].pk]
+
+    def task_database(self, task: TaskRow) -> str:
+        """The database alias that holds ``task``."""
+        return self._task_db(task, None)
+
+    def checkpoint_step(self, task: TaskRow, name: str, result_json: str,
+                        ms: float) -> dict[str, Any]:
+        """Keep step ``name`` of the running ``task`` as completed
+        (:func:`django_pgtasks.lifecycle.steps.checkpoint`): what ``context.step()`` calls."""
+        return steps.checkpoint(task, name, result_json, ms, self._task_db(task, None))
 
     def parent_outcomes(
         self, task: TaskRow | int, using: str | None = None

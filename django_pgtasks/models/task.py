@@ -54,6 +54,13 @@ class TaskFields(models.Model):
         blank=True,
         help_text=_("The last failed attempts: attempt number, bounded error text, time."),
     )
+    steps = models.JSONField(
+        _("completed steps"), default=list, db_default=Value([], models.JSONField()),
+        blank=True,
+        help_text=_("The steps of the task that completed (context.step()), in order: name, "
+                    "result, attempt, time, duration. Kept across attempts: a step that "
+                    "completed is not run again."),
+    )
     key = models.CharField(
         _("deduplication key"), max_length=255, null=True, blank=True, default=None
     )

@@ -1,0 +1,93 @@
+"""What a step of a durable task is: its name, its stored entry, and the bounds both keep.
+
+A handler that takes a context runs parts of its work as *steps*
+(:meth:`~django_pgtasks.definition.handlers.TaskContext.step`). Each step that completes is
+kept in the task's ``steps`` column as one entry::
+
+    {"name": "charge", "result": {...}, "attempt": 1, "at": "2026-…", "ms": 12.5}
+
+in the order the steps completed. When the task runs again (a retry, a rescue after its
+worker died, a re-run from a chosen step), a step whose name has an entry returns the stored
+result without running. This module holds the pure part (no database): the rules for names,
+reading the entries of a claimed task, and the bounds; the checkpoint itself is written by
+:mod:`django_pgtasks.lifecycle.steps`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.definition.payload import result_json
+from django_pgtasks.exceptions import InvalidPayloadError, StepError, UnstorableResultError
+
+#: The longest step name, in characters.
+MAX_STEP_NAME = 200
+#: The most steps one task keeps: one more fails the task (``StepError``).
+MAX_STEPS = 1000
+#: The most bytes (as JSON) all of a task's step results may take, in units of
+#: ``PGTASKS["MAX_RESULT_BYTES"]``: the row stays bounded however many steps it has.
+STEPS_RESULT_FACTOR = 4
+
+
+def check_name(name: Any) -> str:
+    """``name`` if it can name a step: a non-empty string of at most
+    :data:`MAX_STEP_NAME` characters with no NUL character and no lone surrogate (stored in
+    PostgreSQL as is); else :class:`~django_pgtasks.exceptions.StepError`."""
+    if not isinstance(name, str) or not name:
+        raise StepError(f"A step name must be a non-empty string, not {name!r}.")
+    if len(name) > MAX_STEP_NAME:
+        raise StepError(f"A step name has at most {MAX_STEP_NAME} characters; "
+                        f"{name[:40]!r}… has {len(name)}.")
+    if "\x00" in name:
+        raise StepError(f"A step name cannot contain a NUL character: {name!r}.")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StepError(f"A step name cannot contain a lone surrogate: {name!r}.") from None
+    return name
+
+
+def completed(steps: Any) -> dict[str, dict[str, Any]]:
+    """The entries of a task's ``steps`` column by name (the last one, should a name repeat
+    across re-runs); anything that is not an entry is ignored."""
+    if not isinstance(steps, list):
+        return {}
+    return {entry["name"]: entry for entry in steps
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str)}
+
+
+def steps_bytes_limit() -> int:
+    """The most bytes all of a task's step results may take as JSON."""
+    return STEPS_RESULT_FACTOR * int(pgtasks_settings.MAX_RESULT_BYTES)
+
+
+def results_bytes(steps: Any) -> int:
+    """The bytes (as JSON) the results of ``steps`` (a task's kept steps) take."""
+    if not isinstance(steps, list):
+        return 0
+    return sum(len(result_json(entry.get("result"), "A kept step's result")[1])
+               for entry in steps if isinstance(entry, dict))
+
+
+def stored_result(value: Any, name: str, count: int, used: int) -> str:
+    """The JSON text a step ``name`` that returned ``value`` keeps, beside ``count`` steps
+    kept already whose results take ``used`` bytes; else
+    :class:`~django_pgtasks.exceptions.UnstorableResultError` (not plain JSON PostgreSQL
+    stores unchanged, more than ``PGTASKS["MAX_RESULT_BYTES"]``, or more than
+    :func:`steps_bytes_limit` with the other steps' results) or
+    :class:`~django_pgtasks.exceptions.StepError` (a step past :data:`MAX_STEPS`)."""
+    if count >= MAX_STEPS:
+        raise StepError(f"A task keeps at most {MAX_STEPS} steps; step {name!r} would be one "
+                        f"more. Split the work into more tasks.")
+    try:
+        _clean, text = result_json(value, f"The result of step {name!r}")
+    except InvalidPayloadError as exc:
+        raise UnstorableResultError(str(exc)) from exc
+    limit = steps_bytes_limit()
+    if used + len(text) > limit:
+        raise UnstorableResultError(
+            f"The results of the task's steps would take {used + len(text)} bytes as JSON "
+            f"with step {name!r}, more than {limit} ({STEPS_RESULT_FACTOR} x "
+            f'PGTASKS["MAX_RESULT_BYTES"]); store large data elsewhere and return its id.')
+    return text

@@ -1,0 +1,51 @@
+"""The checkpoint of a step: the one write a durable task makes to its own row while it runs.
+
+A step's entry (see :mod:`django_pgtasks.definition.steps`) is appended to the task's
+``steps`` by one ``UPDATE`` under the same lease guard as the outcome: only while the run
+that completed the step still holds the task. An atomic step runs this statement in the
+transaction of its own writes, so both commit together or not at all; the row lock it takes
+makes a rescue of the task wait for that commit (and a rescue that came first makes the
+guard fail, which rolls the step's writes back).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import connections
+
+from django_pgtasks.exceptions import LeaseLostError
+
+# Append the entry of a completed step to a running task's steps, while the run that
+# completed it holds the task: still RUNNING (in the live partition), under the worker and
+# claim that took it. Returns the entry as stored (its attempt and time are the row's).
+CHECKPOINT_SQL = """
+    UPDATE pgtasks_task
+    SET steps = steps || jsonb_build_array(jsonb_build_object(
+            'name', %(name)s::text, 'result', %(result)s::jsonb, 'attempt', attempt,
+            'at', statement_timestamp(), 'ms', round(%(ms)s::numeric, 3)))
+    WHERE id = %(id)s AND status = 'RUNNING' AND locked_by = %(worker)s
+      AND claims = %(claims)s
+    RETURNING steps -> -1
+"""
+
+
+def checkpoint(task: Any, name: str, result_json: str, ms: float, using: str) -> dict:
+    """Keep step ``name`` of ``task`` (a claimed task) as completed with ``result_json``
+    (its result as JSON text) after ``ms`` milliseconds; return the entry as stored.
+
+    Raises :class:`~django_pgtasks.exceptions.LeaseLostError` if the run no longer holds the
+    task (rescued, cancelled or changed meanwhile): nothing is kept, and in an atomic step
+    the caller's transaction is rolled back with it."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(CHECKPOINT_SQL, {
+            "name": name, "result": result_json, "ms": ms, "id": task.pk,
+            "worker": task.locked_by, "claims": task.claims})
+        row = cursor.fetchone()
+    if row is None:
+        raise LeaseLostError(
+            f"Task {task.pk}: step {name!r} completed, but this run no longer holds the task "
+            f"(it was rescued, cancelled or changed meanwhile); the step is not kept.")
+    entry = row[0]
+    return json.loads(entry) if isinstance(entry, str) else entry
