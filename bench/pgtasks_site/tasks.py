@@ -35,3 +35,12 @@ async def await_sleep(seconds: float) -> None:
     """Waits ``seconds`` without blocking its event loop: an I/O-bound task
     (bench/pools_async.py)."""
     await asyncio.sleep(seconds)
+
+
+@pgtask(name="bench.steps", context=True)
+def steps(context, count: int, atomic: bool = False) -> int:
+    """``count`` durable steps that do nothing but return a number: what a step costs
+    (bench/steps.py)."""
+    for i in range(count):
+        context.step(f"s{i}", int, i, atomic=atomic)
+    return count

@@ -15,7 +15,7 @@ from django.db.models import Field as ModelField
 from django.forms import Field as FormField
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
@@ -38,6 +38,7 @@ from django_pgtasks.admin.filters import (
     QueueFilter,
     WorkflowFilter,
 )
+from django_pgtasks.admin.steps import StepsMixin
 from django_pgtasks.admin.workflow_panel import WorkflowFieldsMixin
 from django_pgtasks.definition import routing
 from django_pgtasks.definition.options import PRIORITY_MAX, PRIORITY_MIN
@@ -49,8 +50,8 @@ from django_pgtasks.models import (
 
 
 @admin.register(Task)
-class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, WorkflowFieldsMixin,
-                admin.ModelAdmin):
+class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, StepsMixin,
+                WorkflowFieldsMixin, admin.ModelAdmin):
     # What tells tasks apart comes first, so that the error stays in view on a laptop's
     # screen; the worker holding a task is on its page (and the dashboard lists the stuck).
     # What tells tasks apart comes first, so that the error stays in view on a laptop's
@@ -194,28 +195,6 @@ class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, Workf
     @admin.display(description=_("metadata"))
     def metadata_json(self, obj: Task) -> SafeString:
         return _pretty_json(obj.metadata)
-
-    @admin.display(description=_("completed steps"))
-    def steps_table(self, obj: Task) -> SafeString:
-        """The task's kept steps (``ctx.step()``), in the order they completed: name, the
-        attempt that ran it, when it was kept, how long it took, its result (cut short)."""
-        rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                                    "<td>{}</td><td><code>{}</code></td></tr>", (
-            (i, entry.get("name", ""), entry.get("attempt", ""), entry.get("at", ""),
-             f"{entry['ms']:g} ms" if isinstance(entry.get("ms"), (int, float)) else "",
-             Truncator(json.dumps(entry.get("result"), ensure_ascii=False)).chars(200))
-            for i, entry in enumerate(obj.steps or [], 1) if isinstance(entry, dict)))
-        return format_html(
-            '<table class="pgtasks-steps"><thead><tr><th>#</th><th>{}</th><th>{}</th>'
-            "<th>{}</th><th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
-            _("step"), _("attempt"), _("kept at"), _("took"), _("result"), rows)
-
-    def get_fieldsets(self, request: HttpRequest, obj: Task | None = None) -> Any:
-        fieldsets = super().get_fieldsets(request, obj)
-        if obj is None or not obj.steps:
-            return fieldsets
-        # Before the data: what the task got through so far.
-        return (*fieldsets[:-3], (_("Steps"), {"fields": ("steps_table",)}), *fieldsets[-3:])
 
     @admin.display(description=_("error"))
     def error_text_full(self, obj: Task) -> SafeString | str:

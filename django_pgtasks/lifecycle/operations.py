@@ -1,5 +1,5 @@
-"""An operator's changes to a selection of tasks: retry now, cancel, change the priority, make
-due, delete the finished.
+"""An operator's changes to a selection of tasks: retry now (or from a kept step), cancel,
+change the priority, make due, delete the finished.
 
 Each is a guarded ``UPDATE`` (or ``DELETE``) of the rows of a queryset of the task table that
 the caller passes in (``Task.objects.filter(...)``: the querysets of ``models/`` delegate
@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F, Q
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Greatest, Now
 
 from django_pgtasks.database.partition_moves import retry_conflicts
@@ -34,16 +35,42 @@ def retry_now(tasks: Any) -> int:
     a finished task whose key now belongs to another live task (two live tasks cannot share
     a key). A retried task with dependents re-opens them (``sql/workflows.sql``).
     """
+    return _make_due(tasks, [*PENDING, "FAILED", "CANCELLED"])
+
+
+# A task's kept steps before the first one named %s (all of them if none is).
+STEPS_BEFORE_SQL = """
+    COALESCE((SELECT jsonb_agg(kept.value ORDER BY kept.ordinality)
+              FROM jsonb_array_elements(steps) WITH ORDINALITY AS kept
+              WHERE kept.ordinality < (
+                  SELECT min(named.ordinality)
+                  FROM jsonb_array_elements(steps) WITH ORDINALITY AS named
+                  WHERE named.value ->> 'name' = %s)), '[]'::jsonb)
+"""
+
+
+def retry_from_step(tasks: Any, name: str) -> int:
+    """Run the tasks of ``tasks`` that kept step ``name`` again from that step: the steps
+    kept before it stay, it and the later ones are forgotten (they run again), and the task
+    is due now, as with :func:`retry_now`. Successful tasks too (to redo their last steps);
+    running tasks and those without that step are left alone. How many changed."""
+    return _make_due(tasks.filter(steps__contains=[{"name": name}]),
+                     [*PENDING, *FINISHED], steps=RawSQL(STEPS_BEFORE_SQL, [name]))
+
+
+def _make_due(tasks: Any, states: list[str], **changes: Any) -> int:
+    """The tasks of ``tasks`` in ``states`` due now, with ``changes``; see
+    :func:`retry_now`."""
     taken_keys = tasks.model._default_manager.using(tasks.db).filter(
         status__in=LIVE, key__isnull=False).values("key")
     return retry_conflicts(tasks.db, lambda: tasks.filter(
-        status__in=[*PENDING, "FAILED", "CANCELLED"]
+        status__in=states
     ).exclude(
-        Q(status__in=["FAILED", "CANCELLED"]) & Q(key__in=taken_keys)
+        Q(status__in=FINISHED) & Q(key__in=taken_keys)
     ).update(
         status="READY", run_after=Now(), updated_at=Now(),
         max_attempts=Greatest(F("max_attempts"), F("attempt") + 1),
-        cancel_requested=False, interruptions=0,
+        cancel_requested=False, interruptions=0, **changes,
     ))
 
 

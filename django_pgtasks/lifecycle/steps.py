@@ -20,15 +20,29 @@ from django_pgtasks.exceptions import LeaseLostError
 # Append the entry of a completed step to a running task's steps, while the run that
 # completed it holds the task: still RUNNING (in the live partition), under the worker and
 # claim that took it. Returns the entry as stored (its attempt and time are the row's).
+# {with_unflushed} and {from_unflushed}: see UNFLUSHED.
 CHECKPOINT_SQL = """
-    UPDATE pgtasks_task
+    {with_unflushed}UPDATE pgtasks_task
     SET steps = steps || jsonb_build_array(jsonb_build_object(
             'name', %(name)s::text, 'result', %(result)s::jsonb, 'attempt', attempt,
             'at', statement_timestamp(), 'ms', round(%(ms)s::numeric, 3)))
-    WHERE id = %(id)s AND status = 'RUNNING' AND locked_by = %(worker)s
+    {from_unflushed}WHERE id = %(id)s AND status = 'RUNNING' AND locked_by = %(worker)s
       AND claims = %(claims)s
     RETURNING steps -> -1
 """
+
+# The checkpoint of a step that is not atomic commits on its own, without waiting for the
+# WAL to reach the disk (synchronous_commit off for its one-statement transaction): a
+# crash of the server may lose it, and then the step runs again, which a step that is not
+# atomic allows anyway (at least once). The next commit that waits (the task's outcome, an
+# atomic step) flushes it. An atomic step's checkpoint commits with the step's own writes,
+# as the caller's transaction is configured.
+UNFLUSHED = {
+    "with_unflushed": "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true))\n",
+    "from_unflushed": "FROM unflushed ",
+}
+_ON_ITS_OWN = CHECKPOINT_SQL.format(**UNFLUSHED)
+_IN_TRANSACTION = CHECKPOINT_SQL.format(with_unflushed="", from_unflushed="")
 
 
 def checkpoint(task: Any, name: str, result_json: str, ms: float, using: str) -> dict:
@@ -38,8 +52,10 @@ def checkpoint(task: Any, name: str, result_json: str, ms: float, using: str) ->
     Raises :class:`~django_pgtasks.exceptions.LeaseLostError` if the run no longer holds the
     task (rescued, cancelled or changed meanwhile): nothing is kept, and in an atomic step
     the caller's transaction is rolled back with it."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(CHECKPOINT_SQL, {
+    connection = connections[using]
+    sql = _IN_TRANSACTION if connection.in_atomic_block else _ON_ITS_OWN
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {
             "name": name, "result": result_json, "ms": ms, "id": task.pk,
             "worker": task.locked_by, "claims": task.claims})
         row = cursor.fetchone()

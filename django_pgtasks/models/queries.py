@@ -18,6 +18,7 @@ from django_pgtasks.definition.status import (
     PENDING,
     Status,
 )
+from django_pgtasks.definition.steps import check_name
 from django_pgtasks.lifecycle import leases, operations
 
 
@@ -115,6 +116,13 @@ class TaskQuerySet(models.QuerySet):
         belongs to another live task. (:func:`django_pgtasks.lifecycle.operations.retry_now`)
         """
         return operations.retry_now(self)
+
+    def retry_from_step(self, name: str) -> int:
+        """Run the tasks that kept step ``name`` (``ctx.step()``) again from that step: the
+        steps before it stay kept, it and the later ones run again. Waiting, failed,
+        cancelled and successful tasks; running ones are left alone. Returns how many
+        changed. (:func:`django_pgtasks.lifecycle.operations.retry_from_step`)"""
+        return operations.retry_from_step(self, check_name(name))
 
     def cancel(self, *, running: bool = True) -> CancelResult:
         """Cancel tasks; return how many were cancelled, asked to stop, and skipped.

@@ -211,3 +211,86 @@ def test_a_re_run_on_change_starts_with_no_step_kept() -> None:
     assert (task.status, task.result) == (Status.SUCCESSFUL, 2)
     assert effects(task) == {"a": 2}  # the re-run ran step a again, on the new data
     assert [(s["name"], s["result"]["claim"]) for s in task.steps] == [("a", 2)]
+
+
+def test_retry_from_a_step_runs_it_and_the_later_ones_again() -> None:
+    done = Task.objects.enqueue(durable.three_steps)
+    failed = Task.objects.enqueue(durable.same_step_twice)  # FAILED, step "once" kept
+    other = Task.objects.enqueue(durable.step_returns, "tuple")  # kept "value", not "b"
+    drain()
+    assert Task.objects.get(pk=done.pk).status == Status.SUCCESSFUL
+
+    assert Task.objects.filter(pk__in=[done.pk, other.pk]).retry_from_step("b") == 1
+    task = Task.objects.get(pk=done.pk)
+    assert (task.status, [s["name"] for s in task.steps]) == (Status.READY, ["a"])
+    drain()
+    task.refresh_from_db()
+    assert task.status == Status.SUCCESSFUL
+    assert effects(task) == {"a": 1, "b": 2, "c": 2}  # a kept; b and c ran again
+    assert [(s["name"], s["result"]["claim"]) for s in task.steps] == [
+        ("a", 1), ("b", 2), ("c", 2)]
+    assert Task.objects.get(pk=other.pk).status == Status.SUCCESSFUL  # no step b: untouched
+
+    # A failed task from its first step: nothing kept, and an attempt more to run with.
+    assert Task.objects.filter(pk=failed.pk).retry_from_step("once") == 1
+    task = Task.objects.get(pk=failed.pk)
+    assert (task.status, task.steps, task.max_attempts) == (Status.READY, [], 2)
+
+
+def test_retry_from_a_step_leaves_a_running_task_alone_and_checks_the_name() -> None:
+    from django_pgtasks.exceptions import StepError
+
+    task = Task.objects.enqueue(durable.three_steps)
+    Task.objects.filter(pk=task.pk).update(
+        status=Status.RUNNING, steps=[{"name": "a", "result": 1}])
+    assert Task.objects.filter(pk=task.pk).retry_from_step("a") == 0
+    assert Task.objects.get(pk=task.pk).steps == [{"name": "a", "result": 1}]
+    with pytest.raises(StepError, match="non-empty string"):
+        Task.objects.all().retry_from_step("")
+
+
+def test_the_admin_retries_a_task_from_a_chosen_step_after_confirmation(
+        admin_client: Any) -> None:
+    from django.contrib.messages import get_messages
+    from django.urls import reverse
+
+    task = Task.objects.enqueue(durable.three_steps, fail_after="b")
+    drain()
+    page = admin_client.get(reverse("admin:django_pgtasks_task_change", args=[task.pk]))
+    url = reverse("admin:django_pgtasks_task_retry_from_step", args=[task.pk]) + "?step=b"
+    assert f'href="{url}"' in page.content.decode()
+    # The link asks first: it shows what runs again and what stays kept, and changes nothing.
+    confirm = admin_client.get(url)
+    html = confirm.content.decode()
+    assert confirm.status_code == 200
+    assert '<ul class="pgtasks-steps-again"><li>b</li><li>c</li></ul>' in html
+    assert '<ul class="pgtasks-steps-kept"><li>a</li></ul>' in html
+    assert Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL
+    done = admin_client.post(url, {"step": "b", "post": "yes"})
+    assert done.status_code == 302
+    assert [str(m) for m in get_messages(done.wsgi_request)] == [
+        f"Task {task.pk} runs again from step b."]
+    task.refresh_from_db()
+    assert (task.status, [s["name"] for s in task.steps]) == (Status.READY, ["a"])
+    # A step the task did not keep: nothing happens, and the user is told.
+    done = admin_client.post(url.replace("step=b", "step=zz"), {"step": "zz", "post": "yes"})
+    assert "was not retried" in [str(m) for m in get_messages(done.wsgi_request)][-1]
+    assert admin_client.get(url.replace("step=b", "step=")).status_code == 404
+
+
+def test_a_user_who_may_only_view_tasks_gets_no_retry_link_and_no_retry(client: Any) -> None:
+    from django.contrib.auth.models import Permission, User
+    from django.urls import reverse
+
+    task = Task.objects.enqueue(durable.three_steps, fail_after="b")
+    drain()
+    viewer = User.objects.create_user("viewer", password="x", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_task"))
+    client.force_login(viewer)
+    page = client.get(reverse("admin:django_pgtasks_task_change", args=[task.pk]))
+    assert page.status_code == 200
+    assert "pgtasks-steps" in page.content.decode()
+    assert "retry-from-step" not in page.content.decode()
+    url = reverse("admin:django_pgtasks_task_retry_from_step", args=[task.pk])
+    assert client.post(url, {"step": "a", "post": "yes"}).status_code == 403
+    assert Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL
