@@ -177,8 +177,53 @@ class TaskContext:
         within a run (:class:`~django_pgtasks.exceptions.StepError`). If the run lost the
         task meanwhile (rescued, cancelled), the checkpoint raises
         :class:`~django_pgtasks.exceptions.LeaseLostError` (and an atomic step's writes are
-        rolled back). For ``def`` handlers: the checkpoint is a database write.
+        rolled back). In an ``async def`` handler, use :meth:`astep` (the checkpoint is a
+        database write).
         """
+        done, value = self._replayed(name)
+        if done:
+            return value
+        began = time.monotonic()
+        if atomic:
+            from django.db import transaction
+
+            with transaction.atomic(using=_tasks().task_database(self.task)):
+                return self._keep(name, func(*args, **kwargs), began)
+        return self._keep(name, func(*args, **kwargs), began)
+
+    async def astep(self, name: str, func: Callable[..., Any], /, *args: Any,
+                    atomic: bool = False, **kwargs: Any) -> Any:
+        """:meth:`step` for ``async def`` handlers: ``await ctx.astep(name, func, ...)``.
+
+        ``func`` may be an ``async def`` function (awaited) or a plain one (run on the
+        database thread, ``sync_to_async``); the checkpoint is written there too. An atomic
+        step's transaction cannot span awaits: with ``atomic=True``, ``func`` must be a plain
+        function, and the whole step runs on the database thread
+        (:class:`~django_pgtasks.exceptions.StepError` otherwise).
+        """
+        from asgiref.sync import sync_to_async
+
+        from django_pgtasks.exceptions import StepError
+
+        if atomic:
+            if inspect.iscoroutinefunction(func):
+                raise StepError(f"Step {name!r}: an atomic step runs in one database "
+                                f"transaction, which cannot span awaits; give it a plain "
+                                f"function (astep runs it on the database thread).")
+            return await sync_to_async(self.step, thread_sensitive=True)(
+                name, func, *args, atomic=True, **kwargs)
+        done, value = self._replayed(name)
+        if done:
+            return value
+        began = time.monotonic()
+        if inspect.iscoroutinefunction(func):
+            value = await func(*args, **kwargs)
+        else:
+            value = await sync_to_async(func, thread_sensitive=True)(*args, **kwargs)
+        return await sync_to_async(self._keep, thread_sensitive=True)(name, value, began)
+
+    def _replayed(self, name: str) -> tuple[bool, Any]:
+        """Check step ``name`` for this run; ``(True, its kept result)`` if it was kept."""
         from django_pgtasks.definition import steps as rules
         from django_pgtasks.exceptions import StepError
 
@@ -192,23 +237,20 @@ class TaskContext:
             state.kept = rules.completed(self.task.steps)
             state.used = rules.results_bytes(self.task.steps)
         entry = state.kept.get(name)
-        if entry is not None:
-            return copy.deepcopy(entry.get("result"))
-        tasks = _tasks()
-        began = time.monotonic()
-        if atomic:
-            from django.db import transaction
+        if entry is None:
+            return False, None
+        return True, copy.deepcopy(entry.get("result"))
 
-            with transaction.atomic(using=tasks.task_database(self.task)):
-                value = func(*args, **kwargs)
-                text = rules.stored_result(value, name, len(state.kept), state.used)
-                kept = tasks.checkpoint_step(self.task, name, text,
-                                             (time.monotonic() - began) * 1000)
-        else:
-            value = func(*args, **kwargs)
-            text = rules.stored_result(value, name, len(state.kept), state.used)
-            kept = tasks.checkpoint_step(self.task, name, text,
-                                         (time.monotonic() - began) * 1000)
+    def _keep(self, name: str, value: Any, began: float) -> Any:
+        """Keep step ``name``, which returned ``value`` (it began at ``began``); return the
+        result as kept."""
+        from django_pgtasks.definition import steps as rules
+
+        state = self._steps
+        assert state.kept is not None  # set by _replayed()
+        text = rules.stored_result(value, name, len(state.kept), state.used)
+        kept = _tasks().checkpoint_step(self.task, name, text,
+                                        (time.monotonic() - began) * 1000)
         state.kept[name] = kept
         state.used += len(text)
         self.task.steps = [*self.task.steps, kept]

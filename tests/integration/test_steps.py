@@ -294,3 +294,27 @@ def test_a_user_who_may_only_view_tasks_gets_no_retry_link_and_no_retry(client: 
     url = reverse("admin:django_pgtasks_task_retry_from_step", args=[task.pk])
     assert client.post(url, {"step": "a", "post": "yes"}).status_code == 403
     assert Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL
+
+
+@pytest.mark.parametrize("pool", ["thread", "async"])
+@pytest.mark.parametrize("fail_after", ["a", "b"])
+def test_an_async_handler_keeps_its_steps_on_either_pool(pool: str, fail_after: str) -> None:
+    task = Task.objects.enqueue(durable.async_steps, fail_after=fail_after)
+    Worker(burst=True, concurrency=2, pool=pool).run(install_signals=False)
+    task.refresh_from_db()
+    assert (task.status, task.attempt) == (Status.SUCCESSFUL, 2)
+    assert effects(task) == {"a": 1, "b": 1, "c": 1}
+    first = ["a", "b"] if fail_after == "b" else ["a"]
+    assert [s["name"] for s in task.steps if s["result"]["claim"] == 1] == first
+    assert task.result == [{"step": name, "claim": 1 if name in first else 2}
+                           for name in ("a", "b", "c")]
+
+
+def test_an_atomic_async_step_needs_a_plain_function() -> None:
+    task = Task.objects.enqueue(durable.async_atomic_coroutine)
+    drain()
+    task.refresh_from_db()
+    assert task.status == Status.FAILED
+    assert "StepError: Step 'x': an atomic step runs in one database transaction" in (
+        task.error_text)
+    assert effects(task) == {}

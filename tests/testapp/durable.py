@@ -118,3 +118,29 @@ def changes_under_its_key(ctx: TaskContext) -> int:
     if ctx.task.claims == 1:
         Task.objects.enqueue(changes_under_its_key, key=ctx.task.key)
     return ctx.task.claims
+
+
+async def async_effect(ctx: TaskContext, name: str) -> dict[str, Any]:
+    """:func:`effect`, awaited."""
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(effect)(ctx, name)
+
+
+@pgtask(context=True, max_attempts=3, backoff=_no_backoff)
+async def async_steps(ctx: TaskContext, fail_after: str = "") -> list:
+    """An async handler's steps: a awaited, b atomic (a plain function on the database
+    thread), c a plain function; the first attempt fails after step ``fail_after``."""
+    results = [await ctx.astep("a", async_effect, ctx, "a")]
+    if fail_after == "a" and ctx.attempt == 1:
+        raise RuntimeError("the first attempt fails after step a")
+    results.append(await ctx.astep("b", effect, ctx, "b", atomic=True))
+    if fail_after == "b" and ctx.attempt == 1:
+        raise RuntimeError("the first attempt fails after step b")
+    results.append(await ctx.astep("c", effect, ctx, "c"))
+    return results
+
+
+@pgtask(context=True, max_attempts=1)
+async def async_atomic_coroutine(ctx: TaskContext) -> Any:
+    return await ctx.astep("x", async_effect, ctx, "x", atomic=True)
