@@ -28,7 +28,6 @@ from django.utils.translation import gettext_lazy as _
 from django_pgtasks.admin.common import _with_database, selected_database
 from django_pgtasks.definition.status import Status
 from django_pgtasks.definition.steps import check_name
-from django_pgtasks.exceptions import StepError
 from django_pgtasks.models import Task
 
 #: Query-string parameter naming the step to retry from.
@@ -101,7 +100,7 @@ class StepsMixin:
         try:
             pk = int(object_id)
             name = check_name(request.POST.get(STEP_PARAM) or request.GET.get(STEP_PARAM))
-        except (ValueError, StepError) as exc:
+        except ValueError as exc:  # StepError is one
             raise Http404(str(exc)) from None
         task = Task.objects.using(database).filter(pk=pk).first()
         if task is None:
