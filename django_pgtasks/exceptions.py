@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import ProgrammingError
@@ -83,18 +83,74 @@ class Snooze(PgTasksError):
     """
 
     def __init__(self, seconds: float | timedelta = 0) -> None:
-        if isinstance(seconds, timedelta):
-            seconds = seconds.total_seconds()
-        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-                or not math.isfinite(seconds) or not 0 <= seconds <= MAX_SNOOZE_SECONDS):
-            raise ValueError(f"Snooze takes 0 to {MAX_SNOOZE_SECONDS} seconds or a timedelta, "
-                             f"not {seconds!r}.")
-        self.seconds = float(seconds)
+        self.seconds = seconds_within_a_year(seconds, "Snooze")
         super().__init__(f"Snoozed for {self.seconds:g}s.")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Crosses from a process pool's child as itself (its message is not its argument).
+        return type(self), (self.seconds,)
 
-#: The longest snooze: one year.
+
+class Suspend(Snooze):
+    """Raised by a durable sleep or wait (``ctx.sleep()``, ``ctx.sleep_until()``,
+    ``ctx.wait_for_event()``): the run ends here, without spending an attempt, and the task
+    is due again at ``until`` (the database clock), or as soon as the event ``event`` it
+    waits for is sent. No thread and no connection is held meanwhile; the next run replays
+    the steps kept so far and goes on after the sleep or the wait.
+
+    Let it propagate: a handler that catches it (``except Exception``) and goes on does not
+    sleep. Not an error: the run is recorded as suspended, not failed.
+    """
+
+    def __init__(self, until: datetime | None, event: str | None = None) -> None:
+        self.until = until
+        self.event = event
+        PgTasksError.__init__(
+            self, f"Waiting for the event {event!r}." if event is not None
+            else f"Sleeping until {until.isoformat() if until else '?'}.")
+        self.seconds = 0.0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.until, self.event)
+
+
+class EventTimeout(PgTasksError, TimeoutError):
+    """Raised inside a handler by ``ctx.wait_for_event(key, timeout=...)`` when the event
+    ``key`` was not sent within ``timeout`` seconds of the wait's start (database clock).
+
+    Kept like a step: if the task runs again (a retry of a later failure), the same wait
+    raises it again at once, even if the event was sent since; catch it to go on without
+    the event, or let it fail the attempt like any error."""
+
+    def __init__(self, key: str, timeout: float | None = None) -> None:
+        self.key = key
+        self.timeout = timeout
+        after = f" within {timeout:g}s" if timeout is not None else ""
+        super().__init__(f"The event {key!r} was not sent{after}.")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.key, self.timeout)
+
+
+#: The longest snooze, durable sleep or wait for an event: one year.
 MAX_SNOOZE_SECONDS = 366 * 24 * 3600
+
+
+def seconds_within_a_year(seconds: Any, what: str) -> float:
+    """``seconds`` (a number or a ``timedelta``) as a float from 0 to
+    :data:`MAX_SNOOZE_SECONDS`, else ``ValueError`` naming ``what``."""
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
+    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds) or not 0 <= seconds <= MAX_SNOOZE_SECONDS):
+        raise ValueError(f"{what} takes 0 to {MAX_SNOOZE_SECONDS} seconds or a timedelta, "
+                         f"not {seconds!r}.")
+    return float(seconds)
+
+
+class InvalidEventError(InvalidTaskError, ValueError):
+    """An event's key or payload was refused (``Task.objects.send_event()``,
+    ``context.wait_for_event()``): nothing was written."""
 
 
 class UnstorableResultError(FatalError, TypeError):

@@ -112,6 +112,8 @@ class _StepState:
     kept: dict[str, dict[str, Any]] | None = None
     #: The bytes their results take as JSON.
     used: int = 0
+    #: The durable sleeps reached in this run.
+    sleeps: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,10 +157,112 @@ class TaskContext:
 
             raise TaskCancelled(f"Task {self.task_id} was cancelled while it ran.")
 
-    def sleep(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``, waking early if the task is cancelled; return
-        :meth:`should_stop`. For handlers that poll or back off between steps."""
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` in this thread, waking early if the task is cancelled;
+        return :meth:`should_stop`. For handlers that poll or back off between units of
+        work, holding their thread; :meth:`sleep` frees it."""
         return cancel_signal(self.task).wait(seconds)
+
+    # -- durable sleeps and waits for events -------------------------------------------------
+
+    def sleep(self, seconds: float | timedelta) -> None:
+        """Sleep durably for ``seconds`` (database clock): the run ends here, without
+        spending an attempt and holding no thread and no connection, and the task runs
+        again when the time is up; that run replays the kept steps and goes on after this
+        call. Raises :class:`~django_pgtasks.exceptions.Suspend` to end the run: let it
+        propagate. The sleeps of a run are told apart by their order, so the code before
+        each must take the same path on every run (the handler's steps keep what varies).
+        For a wait that keeps the thread (a short back-off), use :meth:`wait`."""
+        from django_pgtasks.exceptions import seconds_within_a_year
+
+        self._sleep(seconds_within_a_year(seconds, "sleep()"), None)
+
+    def sleep_until(self, when: datetime) -> None:
+        """:meth:`sleep` until ``when`` (an aware datetime), as given at the first run: a
+        run that computes a later ``when`` (``now() + ...``) still wakes at the first one."""
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise ValueError(f"sleep_until() takes an aware datetime, not {when!r}.")
+        self._sleep(None, when)
+
+    async def asleep(self, seconds: float | timedelta) -> None:
+        """:meth:`sleep` for ``async def`` handlers."""
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(self.sleep, thread_sensitive=True)(seconds)
+
+    async def asleep_until(self, when: datetime) -> None:
+        """:meth:`sleep_until` for ``async def`` handlers."""
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(self.sleep_until, thread_sensitive=True)(when)
+
+    def _sleep(self, seconds: float | None, until: datetime | None) -> None:
+        from django_pgtasks.definition import events
+        from django_pgtasks.exceptions import Suspend
+
+        state = self._steps
+        state.sleeps += 1
+        name = events.slept(state.sleeps)
+        done, kept = self._replayed(name, own=True)
+        if not done:
+            entry = _tasks().keep_sleep(self.task, name, seconds, until)
+            self._kept(entry)
+            if _instant(entry["result"]["until"]) <= _instant(entry["at"]):
+                return
+            kept = entry["result"]
+        wake = _instant(kept["until"])
+        if done and self.task.started_at is not None and wake <= self.task.started_at:
+            return
+        raise Suspend(wake)
+
+    def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        """Wait durably for the event ``key`` and return its payload
+        (``Task.objects.send_event(key, payload)``, from any process, with its caller's
+        transaction). An event sent before the wait began is found at once. Otherwise the
+        run ends here without spending an attempt, holding no thread (as :meth:`sleep`),
+        and the task runs again within milliseconds of the sender's commit; that run
+        replays its kept steps, and this call returns the payload (kept with the task: later
+        runs get the same one).
+
+        ``timeout`` (seconds or a ``timedelta``, database clock, from the first run's wait):
+        past it, raises :class:`~django_pgtasks.exceptions.EventTimeout` here (and in any
+        later run). A run waits for a key at most once."""
+        from django_pgtasks.definition import events
+        from django_pgtasks.exceptions import EventTimeout, Suspend, seconds_within_a_year
+
+        key = events.check_key(key)
+        limit = None if timeout is None else seconds_within_a_year(timeout, "wait_for_event()")
+        done, payload = self._replayed(events.received(key), own=True)
+        if done:
+            return payload
+        state = self._steps
+        assert state.kept is not None  # set by _replayed()
+        if events.timed_out(key) in state.kept:
+            raise EventTimeout(key, limit)
+        began = time.monotonic()
+        with _tasks().event_check(self.task, key) as found:
+            if found.sent:
+                return self._keep(events.received(key), found.payload, began)
+            deadline = state.kept.get(events.deadline(key))
+            if deadline is not None:
+                until = _instant(deadline["result"]["until"])
+            elif limit is not None:
+                until = found.now + timedelta(seconds=limit)
+                self._keep(events.deadline(key), {"until": until.isoformat()}, began)
+            else:
+                until = None
+            expired = until is not None and until <= found.now
+            if expired:
+                self._keep(events.timed_out(key), True, began)
+        if expired:
+            raise EventTimeout(key, limit)
+        raise Suspend(until, key)
+
+    async def await_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        """:meth:`wait_for_event` for ``async def`` handlers."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.wait_for_event, thread_sensitive=True)(key, timeout)
 
     # -- durable steps ---------------------------------------------------------------------
 
@@ -222,12 +326,14 @@ class TaskContext:
             value = await sync_to_async(func, thread_sensitive=True)(*args, **kwargs)
         return await sync_to_async(self._keep, thread_sensitive=True)(name, value, began)
 
-    def _replayed(self, name: str) -> tuple[bool, Any]:
-        """Check step ``name`` for this run; ``(True, its kept result)`` if it was kept."""
+    def _replayed(self, name: str, *, own: bool = False) -> tuple[bool, Any]:
+        """Check step ``name`` for this run; ``(True, its kept result)`` if it was kept.
+        ``own``: an entry of the context's own (a sleep, a wait), named by it."""
         from django_pgtasks.definition import steps as rules
         from django_pgtasks.exceptions import StepError
 
-        name = rules.check_name(name)
+        if not own:
+            name = rules.check_name(name)
         state = self._steps
         if name in state.names:
             raise StepError(f"Step {name!r} ran already in this run of task {self.task_id}: "
@@ -249,12 +355,16 @@ class TaskContext:
         state = self._steps
         assert state.kept is not None  # set by _replayed()
         text = rules.stored_result(value, name, len(state.kept), state.used)
-        kept = _tasks().checkpoint_step(self.task, name, text,
-                                        (time.monotonic() - began) * 1000)
-        state.kept[name] = kept
+        self._kept(_tasks().checkpoint_step(self.task, name, text,
+                                            (time.monotonic() - began) * 1000))
         state.used += len(text)
-        self.task.steps = [*self.task.steps, kept]
         return json.loads(text)
+
+    def _kept(self, entry: dict[str, Any]) -> None:
+        """Note ``entry``, just kept, in what this run knows of its task's steps."""
+        assert self._steps.kept is not None  # set by _replayed()
+        self._steps.kept[entry["name"]] = entry
+        self.task.steps = [*self.task.steps, entry]
 
     # -- workflows -------------------------------------------------------------------------
 
@@ -490,6 +600,12 @@ class TaskHandler:
     def build(self, *args: Any, **kwargs: Any) -> TaskRow:
         """An unsaved, validated task for :meth:`TaskManager.enqueue_many`."""
         return _tasks().build(self, *args, **kwargs)
+
+
+def _instant(value: Any) -> datetime:
+    """A time kept in a step's entry (ISO 8601 text, as ``jsonb`` writes it) as an aware
+    datetime."""
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
 def storable_result(result: Any) -> Any:

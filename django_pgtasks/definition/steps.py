@@ -30,22 +30,39 @@ MAX_STEPS = 1000
 STEPS_RESULT_FACTOR = 4
 
 
+#: The first character of the names the context gives its own entries (durable sleeps and
+#: waits for events: ``@sleep 1``, ``@event <key>``, ...); a step's name cannot start with it.
+RESERVED = "@"
+
+
 def check_name(name: Any) -> str:
     """``name`` if it can name a step: a non-empty string of at most
     :data:`MAX_STEP_NAME` characters with no NUL character and no lone surrogate (stored in
-    PostgreSQL as is); else :class:`~django_pgtasks.exceptions.StepError`."""
-    if not isinstance(name, str) or not name:
-        raise StepError(f"A step name must be a non-empty string, not {name!r}.")
-    if len(name) > MAX_STEP_NAME:
-        raise StepError(f"A step name has at most {MAX_STEP_NAME} characters; "
-                        f"{name[:40]!r}… has {len(name)}.")
-    if "\x00" in name:
-        raise StepError(f"A step name cannot contain a NUL character: {name!r}.")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise StepError(f"A step name cannot contain a lone surrogate: {name!r}.") from None
+    PostgreSQL as is), not starting with :data:`RESERVED`; else
+    :class:`~django_pgtasks.exceptions.StepError`."""
+    name = check_label(name, "A step name", MAX_STEP_NAME, StepError)
+    if name.startswith(RESERVED):
+        raise StepError(f"A step name cannot start with {RESERVED!r} (the names of durable "
+                        f"sleeps and waits for events do): {name!r}.")
     return name
+
+
+def check_label(value: Any, what: str, limit: int, error: type[Exception]) -> str:
+    """``value`` if it is a non-empty string of at most ``limit`` characters with no NUL
+    character and no lone surrogate (stored in PostgreSQL as is); else ``error`` saying
+    what is wrong with ``what``."""
+    if not isinstance(value, str) or not value:
+        raise error(f"{what} must be a non-empty string, not {value!r}.")
+    if len(value) > limit:
+        raise error(f"{what} has at most {limit} characters; {value[:40]!r}… has "
+                    f"{len(value)}.")
+    if "\x00" in value:
+        raise error(f"{what} cannot contain a NUL character: {value!r}.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise error(f"{what} cannot contain a lone surrogate: {value!r}.") from None
+    return value
 
 
 def completed(steps: Any) -> dict[str, dict[str, Any]]:

@@ -11,6 +11,7 @@ guard fail, which rolls the step's writes back).
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django.db import connections
@@ -21,15 +22,24 @@ from django_pgtasks.exceptions import LeaseLostError
 # completed it holds the task: still RUNNING (in the live partition), under the worker and
 # claim that took it. Returns the entry as stored (its attempt and time are the row's).
 # {with_unflushed} and {from_unflushed}: see UNFLUSHED.
+# A step ends any wait for an event the run flagged (lifecycle/events.py): its flag is
+# cleared with it.
 CHECKPOINT_SQL = """
     {with_unflushed}UPDATE pgtasks_task
     SET steps = steps || jsonb_build_array(jsonb_build_object(
-            'name', %(name)s::text, 'result', %(result)s::jsonb, 'attempt', attempt,
-            'at', statement_timestamp(), 'ms', round(%(ms)s::numeric, 3)))
+            'name', %(name)s::text, 'result', {result}, 'attempt', attempt,
+            'at', statement_timestamp(), 'ms', round(%(ms)s::numeric, 3))),
+        awaited_event = NULL
     {from_unflushed}WHERE id = %(id)s AND status = 'RUNNING' AND locked_by = %(worker)s
       AND claims = %(claims)s
     RETURNING steps -> -1
 """
+#: A step's result, given as JSON text.
+RESULT = "%(result)s::jsonb"
+#: A durable sleep's result: when it ends, given (``sleep_until()``) or the given seconds
+#: from now on the database clock (``sleep()``).
+SLEEP_RESULT = ("jsonb_build_object('until', coalesce(%(until)s::timestamptz, "
+                "statement_timestamp() + make_interval(secs => %(seconds)s::float8)))")
 
 # The checkpoint of a step that is not atomic commits on its own, without waiting for the
 # WAL to reach the disk (synchronous_commit off for its one-statement transaction): a
@@ -41,8 +51,12 @@ UNFLUSHED = {
     "with_unflushed": "WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true))\n",
     "from_unflushed": "FROM unflushed ",
 }
-_ON_ITS_OWN = CHECKPOINT_SQL.format(**UNFLUSHED)
-_IN_TRANSACTION = CHECKPOINT_SQL.format(with_unflushed="", from_unflushed="")
+_NO_FLUSH = {"with_unflushed": "", "from_unflushed": ""}
+_STATEMENTS = {
+    (result, in_transaction): CHECKPOINT_SQL.format(
+        result=result, **(_NO_FLUSH if in_transaction else UNFLUSHED))
+    for result in (RESULT, SLEEP_RESULT) for in_transaction in (False, True)
+}
 
 
 def checkpoint(task: Any, name: str, result_json: str, ms: float, using: str) -> dict:
@@ -52,12 +66,23 @@ def checkpoint(task: Any, name: str, result_json: str, ms: float, using: str) ->
     Raises :class:`~django_pgtasks.exceptions.LeaseLostError` if the run no longer holds the
     task (rescued, cancelled or changed meanwhile): nothing is kept, and in an atomic step
     the caller's transaction is rolled back with it."""
+    return _keep(task, name, RESULT, {"result": result_json, "ms": ms}, using)
+
+
+def keep_sleep(task: Any, name: str, seconds: float | None, until: datetime | None,
+               using: str) -> dict:
+    """Keep the durable sleep ``name`` of ``task``: its result is ``{"until": <time>}``,
+    ``until`` or ``seconds`` from now on the database clock. Raises as :func:`checkpoint`."""
+    return _keep(task, name, SLEEP_RESULT, {"seconds": seconds, "until": until, "ms": 0},
+                 using)
+
+
+def _keep(task: Any, name: str, result: str, params: dict[str, Any], using: str) -> dict:
     connection = connections[using]
-    sql = _IN_TRANSACTION if connection.in_atomic_block else _ON_ITS_OWN
+    sql = _STATEMENTS[result, connection.in_atomic_block]
     with connection.cursor() as cursor:
-        cursor.execute(sql, {
-            "name": name, "result": result_json, "ms": ms, "id": task.pk,
-            "worker": task.locked_by, "claims": task.claims})
+        cursor.execute(sql, {**params, "name": name, "id": task.pk,
+                             "worker": task.locked_by, "claims": task.claims})
         row = cursor.fetchone()
     if row is None:
         raise LeaseLostError(

@@ -13,8 +13,9 @@ How a run can end, kept apart:
 - **succeeded** (:data:`SUCCEED_SQL`): the handler returned; its result is stored;
 - **failed** (:data:`FAIL_SQL`): the handler raised; the attempt is spent, and the task waits
   for its retry (``statement_timestamp() + delay``) while attempts are left, else ends ``FAILED``;
-- **cancelled** (:data:`CANCEL_SQL`) and **snoozed** (:data:`SNOOZE_SQL`): the handler stopped
-  on request, or asked to run again later without spending the attempt;
+- **cancelled** (:data:`CANCEL_SQL`), **snoozed** (:data:`SNOOZE_SQL`) and **suspended**
+  (:data:`SUSPEND_SQL`): the handler stopped on request, or asked to run again later (or
+  when an event is sent: a durable sleep or wait) without spending the attempt;
 - **interrupted** (:data:`INTERRUPT_SQL`, and :data:`RESCUE_SQL` for the tasks of a lost
   worker): the run was cut off — its worker died, shut down or lost its connection. That is
   not the handler's failure: the attempt is given back and the task returns to its original
@@ -40,6 +41,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from django.db import connections
@@ -165,6 +167,27 @@ SNOOZE_SQL = f"""
     RETURNING t.id, t.status
 """
 
+# Suspended runs (a durable sleep, or a wait for an event): due again at the time given,
+# the attempt given back, like a snooze but not counted as one. A run that waits for an
+# event flagged its task (``awaited_event``, lifecycle/events.py) before it stopped; a
+# sender that found the flag cleared it, and then the task is due now. A run that only
+# sleeps clears a flag left from an earlier wait. No time given: a year (the run waits
+# again if it wakes with nothing to do). A cancellation requested meanwhile wins.
+SUSPEND_SQL = f"""
+    UPDATE pgtasks_task t SET {_unless_rerun(
+        "CASE WHEN t.cancel_requested THEN 'CANCELLED' ELSE 'READY' END",
+        attempt="greatest(t.attempt - 1, 0)",
+        run_after="CASE WHEN v.event AND t.awaited_event IS NULL THEN statement_timestamp() "
+                  "ELSE coalesce(v.until, statement_timestamp() + interval '1 year') END",
+        worker_ids=_WITHOUT_LAST_WORKER)},
+        awaited_event = CASE WHEN v.event THEN t.awaited_event END,
+        cancel_requested = t.cancel_requested AND NOT t.rerun_requested
+    FROM unnest(%b::bigint[], %b::text[], %b::bigint[], %b::timestamptz[], %b::bool[])
+         AS v(id, worker, lease, until, event)
+    WHERE {_LEASED}
+    RETURNING t.id, t.status
+"""
+
 # An interrupted run (the worker died, shut down, or lost its connection) is not the
 # handler's failure: the attempt is given back and run_after kept, so the task runs again in
 # its original place in the queue. Past the interruption budget (the first placeholder) it
@@ -277,6 +300,15 @@ class Snoozed:
 
 
 @dataclass(frozen=True)
+class Suspended:
+    """A durable sleep or wait ended the run: due again at ``until`` (``None``: a year),
+    or at once if ``event`` and the event it waits for was sent meanwhile."""
+
+    until: datetime | None
+    event: bool = False
+
+
+@dataclass(frozen=True)
 class Interrupted:
     error: str
 
@@ -290,7 +322,7 @@ class Unstarted:
     reason: str = ""
 
 
-Outcome = Succeeded | Failed | Cancelled | Snoozed | Interrupted | Unstarted
+Outcome = Succeeded | Failed | Cancelled | Snoozed | Suspended | Interrupted | Unstarted
 
 
 def _json(value: Any) -> str | None:
@@ -314,6 +346,7 @@ _STATEMENTS: dict[type, tuple[str, Callable[[Any], list[Any]]]] = {
     Failed: (FAIL_SQL, lambda o: [truncate_error(o.error), _delay(o.retry_delay)]),
     Cancelled: (CANCEL_SQL, lambda o: [truncate_error(o.error)]),
     Snoozed: (SNOOZE_SQL, lambda o: [float(o.seconds)]),
+    Suspended: (SUSPEND_SQL, lambda o: [o.until, o.event]),
     Interrupted: (INTERRUPT_SQL, lambda o: [truncate_error(o.error)]),
     Unstarted: (UNCLAIM_SQL, lambda o: []),
 }

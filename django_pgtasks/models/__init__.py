@@ -14,6 +14,7 @@ from django_pgtasks.models.dependencies import (
     PendingRelease,
     WorkflowMember,
 )
+from django_pgtasks.models.events import MAX_EVENT_KEY, Event
 from django_pgtasks.models.fields import TimestampArrayField
 from django_pgtasks.models.manager import TaskManager
 from django_pgtasks.models.queries import CancelResult, TaskQuerySet
@@ -22,8 +23,28 @@ from django_pgtasks.models.task import ArchivedTask, Dashboard, Task, TaskFields
 from django_pgtasks.models.workers import WorkerProcess
 
 __all__ = [
-    "CLAIM_ORDER", "FINISHED", "LIVE", "MAX_RATE_LIMIT", "PENDING", "ArchivedTask",
-    "CancelResult", "Dashboard", "Dependency", "KeyRateLimit", "OnParentFailure", "PendingRelease",
-    "QueueControl", "Schedule", "Status", "Task", "TaskFields", "TaskManager", "TaskQuerySet",
-    "TimestampArrayField", "WorkerProcess", "WorkflowMember",
+    "CLAIM_ORDER",
+    "FINISHED",
+    "LIVE",
+    "MAX_EVENT_KEY",
+    "MAX_RATE_LIMIT",
+    "PENDING",
+    "ArchivedTask",
+    "CancelResult",
+    "Dashboard",
+    "Dependency",
+    "Event",
+    "KeyRateLimit",
+    "OnParentFailure",
+    "PendingRelease",
+    "QueueControl",
+    "Schedule",
+    "Status",
+    "Task",
+    "TaskFields",
+    "TaskManager",
+    "TaskQuerySet",
+    "TimestampArrayField",
+    "WorkerProcess",
+    "WorkflowMember",
 ]

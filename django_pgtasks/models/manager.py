@@ -6,10 +6,11 @@ given, then calls the named statements there, passing itself in.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,9 +32,9 @@ from django_pgtasks.definition.registry import TaskHandler, get_handler
 from django_pgtasks.definition.routing import database_for_queue, queues_on
 from django_pgtasks.definition.status import Status
 from django_pgtasks.definition.task_row import TaskRow
-from django_pgtasks.exceptions import InvalidTaskError, UnknownTaskError
+from django_pgtasks.exceptions import InvalidTaskError, LeaseLostError, UnknownTaskError
 from django_pgtasks.lifecycle import claim as claiming
-from django_pgtasks.lifecycle import dependencies, inserts, steps, transitions
+from django_pgtasks.lifecycle import dependencies, events, inserts, steps, transitions
 from django_pgtasks.lifecycle.row_loading import load_rows
 from django_pgtasks.models.dependencies import OnParentFailure
 from django_pgtasks.models.queries import TaskQuerySet
@@ -337,6 +338,44 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         """Keep step ``name`` of the running ``task`` as completed
         (:func:`django_pgtasks.lifecycle.steps.checkpoint`): what ``context.step()`` calls."""
         return steps.checkpoint(task, name, result_json, ms, self._task_db(task, None))
+
+    def keep_sleep(self, task: TaskRow, name: str, seconds: float | None,
+                   until: datetime | None) -> dict[str, Any]:
+        """Keep the durable sleep ``name`` of the running ``task``
+        (:func:`django_pgtasks.lifecycle.steps.keep_sleep`): what ``context.sleep()`` calls."""
+        return steps.keep_sleep(task, name, seconds, until, self._task_db(task, None))
+
+    @contextlib.contextmanager
+    def event_check(self, task: TaskRow, key: str) -> Iterator[events.Check]:
+        """A transaction in which the running ``task`` looks for the event ``key`` and is
+        flagged as waiting for it if it was not sent
+        (:func:`django_pgtasks.lifecycle.events.check`); what the run keeps of the wait
+        commits with it. Raises
+        :class:`~django_pgtasks.exceptions.LeaseLostError` if the run no longer holds the
+        task."""
+        using = self._task_db(task, None)
+        with transaction.atomic(using=using):
+            found = events.check(task, key, using)
+            if not found.sent and not found.flagged:
+                raise LeaseLostError(f"Task {task.pk} waits for the event {key!r}, but this "
+                                     f"run no longer holds the task (it was rescued, "
+                                     f"cancelled or changed meanwhile).")
+            yield found
+
+    def send_event(self, key: str, payload: Any = None, *, using: str | None = None) -> int:
+        """Send the event ``key`` with ``payload`` (plain JSON): every task waiting for it
+        (``context.wait_for_event(key)``) runs again at once, and a task that waits for it
+        later gets it without waiting; the last payload sent under a key wins. Sent with the
+        current transaction (on ``using``, by default the task database): rolled back, it
+        was never sent. Returns the number of waiting tasks it woke.
+
+        Raises :class:`~django_pgtasks.exceptions.InvalidEventError` for a bad key or
+        payload, before any SQL."""
+        from django_pgtasks.definition import events as rules
+
+        key = rules.check_key(key)
+        text = rules.payload_json(payload)
+        return len(events.send(key, text, using or self.db))
 
     def parent_outcomes(
         self, task: TaskRow | int, using: str | None = None

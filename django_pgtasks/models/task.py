@@ -95,6 +95,11 @@ class TaskFields(models.Model):
         _("awaited"), default=False, db_default=False,
         help_text=_("Someone waits for this task to finish: its end is announced by NOTIFY."),
     )
+    awaited_event = models.CharField(
+        _("awaited event"), max_length=200, null=True, blank=True, default=None,
+        help_text=_("The key of the event the task waits for (context.wait_for_event()): "
+                    "sending it makes the task due at once."),
+    )
     has_dependents = models.BooleanField(
         _("has dependents"), default=False, db_default=False,
         help_text=_("Other tasks wait for this one to end (django_pgtasks.models.dependencies)."),
@@ -145,6 +150,14 @@ class Task(TaskFields):
                 fields=["concurrency_key"],
                 condition=Q(status=Status.RUNNING, concurrency_key__isnull=False),
                 name="pgtasks_task_key_running_idx",
+            ),
+            # The tasks that wait for an event, by its key (Task.objects.send_event()):
+            # empty unless events are used.
+            models.Index(
+                fields=["awaited_event"],
+                condition=Q(status__in=(Status.READY, Status.RUNNING),
+                            awaited_event__isnull=False),
+                name="pgtasks_task_awaited_event_idx",
             ),
             models.Index(
                 fields=["queue", "concurrency_key"],

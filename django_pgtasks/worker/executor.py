@@ -40,6 +40,7 @@ from django_pgtasks.exceptions import (
     LeaseLostError,
     PgTasksError,
     Snooze,
+    Suspend,
     TaskCancelled,
     TaskInterrupted,
     UnknownTaskError,
@@ -52,6 +53,7 @@ from django_pgtasks.lifecycle.transitions import (
     Outcome,
     Snoozed,
     Succeeded,
+    Suspended,
     Unstarted,
     unstorable,
     write,
@@ -370,7 +372,7 @@ class Executor:
                 task.result = outcome.result
             elif isinstance(outcome, Failed | Cancelled | Interrupted):
                 task.error_text = truncate_error(outcome.error)
-            if isinstance(outcome, Snoozed):
+            if isinstance(outcome, Snoozed | Suspended):
                 task.attempt = max(task.attempt - 1, 0)
         if handler is not None:
             try:
@@ -531,10 +533,13 @@ class Executor:
 
 def outcome_of(task: Task, handler: TaskHandler | None, exc: BaseException) -> Outcome:
     """How a run that raised ``exc`` ends: cancelled (its cancellation was requested, or
-    it raised ``TaskCancelled``), snoozed, interrupted (its connection was lost, or its
-    code could not be imported: not the handler's failure), or failed."""
+    it raised ``TaskCancelled``), snoozed, suspended (a durable sleep or wait), interrupted
+    (its connection was lost, or its code could not be imported: not the handler's
+    failure), or failed."""
     if isinstance(exc, TaskCancelled) or cancel_was_signalled(task):
         return Cancelled(error_text(exc))
+    if isinstance(exc, Suspend):
+        return Suspended(exc.until, exc.event is not None)
     if isinstance(exc, Snooze):
         return Snoozed(exc.seconds)
     if isinstance(exc, TaskInterrupted):

@@ -25,6 +25,7 @@ from django_pgtasks.lifecycle.transitions import (
     Interrupted,
     Outcome,
     Snoozed,
+    Suspended,
     Unstarted,
 )
 from django_pgtasks.models import Status
@@ -120,10 +121,11 @@ def end_run(task: Any, status: str | None, outcome: Outcome | None,
 
 def outcome_name(status: str | None, outcome: Outcome | None) -> str:
     """How the run ended, for ``pgtasks.task.outcome``: ``successful``, ``retry``, ``failed``,
-    ``cancelled``, ``snoozed``, ``interrupted`` (given back to the queue), ``unstarted`` (given
-    back before its handler started: its thread could not connect), ``rerun`` (its key
-    was enqueued again while it ran), ``lost`` (the worker no longer held the task: nothing
-    recorded) or ``unrecorded`` (the database could not be reached; the task is given back)."""
+    ``cancelled``, ``snoozed``, ``suspended`` (a durable sleep or wait), ``interrupted``
+    (given back to the queue), ``unstarted`` (given back before its handler started: its
+    thread could not connect), ``rerun`` (its key was enqueued again while it ran),
+    ``lost`` (the worker no longer held the task: nothing recorded) or ``unrecorded`` (the
+    database could not be reached; the task is given back)."""
     if status is None:
         return "unrecorded"
     if status == "":
@@ -136,6 +138,8 @@ def outcome_name(status: str | None, outcome: Outcome | None) -> str:
         return "interrupted"
     if isinstance(outcome, Snoozed):
         return "snoozed"
+    if isinstance(outcome, Suspended):
+        return "suspended"
     return "rerun"
 
 

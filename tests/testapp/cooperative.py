@@ -33,7 +33,7 @@ def _log(ctx: TaskContext, worker: str | None = None) -> None:
 def stoppable(ctx: TaskContext) -> str:
     """Works (sleeps) until cancelled, then stops by raising TaskCancelled."""
     _log(ctx)
-    ctx.sleep(LONG)
+    ctx.wait(LONG)
     ctx.raise_if_cancelled()
     return "never cancelled"
 
@@ -56,7 +56,7 @@ def polls_should_stop(ctx: TaskContext) -> str:
 def ignores_cancel(ctx: TaskContext) -> str:
     """Sees the cancellation, and finishes its work anyway."""
     _log(ctx)
-    seen = ctx.sleep(LONG)
+    seen = ctx.wait(LONG)
     return f"finished anyway (saw the cancellation: {seen})"
 
 
@@ -64,7 +64,7 @@ def ignores_cancel(ctx: TaskContext) -> str:
 def fails_after_cancel(ctx: TaskContext) -> None:
     """Stops with an ordinary error once cancelled."""
     _log(ctx)
-    ctx.sleep(LONG)
+    ctx.wait(LONG)
     raise RuntimeError("cleanup failed while stopping")
 
 
@@ -101,7 +101,7 @@ def snoozes_by_raising(minutes: int) -> None:
 def snoozes_until_cancelled(ctx: TaskContext) -> None:
     """Snoozes once cancelled: the cancellation wins."""
     _log(ctx)
-    ctx.sleep(LONG)
+    ctx.wait(LONG)
     ctx.snooze(0)
 
 

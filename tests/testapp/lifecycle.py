@@ -49,7 +49,7 @@ def logged(ctx: TaskContext) -> int:
 @pgtask(context=True, max_attempts=1)
 def logged_sleep(ctx: TaskContext, seconds: float) -> None:
     Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
-    ctx.sleep(seconds)
+    ctx.wait(seconds)
 
 
 @pgtask(context=True, max_attempts=1)

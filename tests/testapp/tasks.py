@@ -395,7 +395,7 @@ def atomic_hangs_once(ctx: TaskContext) -> int:
 def waits_for_cancel(ctx: TaskContext, started: str) -> str:
     """Runs until cancelled (cooperatively), then says so."""
     open(started, "w").close()
-    while not ctx.sleep(30):
+    while not ctx.wait(30):
         pass
     ctx.raise_if_cancelled()
     return "not cancelled"

@@ -423,11 +423,11 @@ def test_the_context_reports_and_raises_a_cancellation() -> None:
     assert not ctx.cancelled
     assert not ctx.should_stop()
     ctx.raise_if_cancelled()
-    assert ctx.sleep(0) is False  # not cancelled: the full (zero) sleep
+    assert ctx.wait(0) is False  # not cancelled: the full (zero) sleep
     cancel_signal(task).set()
     assert ctx.cancelled
     assert ctx.should_stop()
-    assert ctx.sleep(3600) is True  # returns at once once cancelled
+    assert ctx.wait(3600) is True  # returns at once once cancelled
     with pytest.raises(TaskCancelled, match=r"Task 5 was cancelled while it ran\."):
         ctx.raise_if_cancelled()
 

@@ -1,0 +1,363 @@
+"""Durable sleeps and waits for events (``context.sleep()``, ``sleep_until()``,
+``wait_for_event()``, ``Task.objects.send_event()``): the run ends without spending an
+attempt and holding nothing, the task is due again at the time (database clock) or when the
+event is sent, and the next run replays the kept steps and goes on after the sleep or wait."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from django_pgtasks.database.sessions import open_connection
+from django_pgtasks.exceptions import InvalidEventError
+from django_pgtasks.lifecycle import events, transitions
+from django_pgtasks.lifecycle.transitions import Suspended
+from django_pgtasks.models import Event, Status, Task
+from django_pgtasks.testing import run_task
+from django_pgtasks.worker.loop import Worker
+from tests.helpers import wait_until
+from tests.testapp import waiting
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain(concurrency: int = 1, **options: object) -> None:
+    Worker(burst=True, concurrency=concurrency, **options).run(install_signals=False)
+
+
+def effects(task: Task) -> Counter:
+    return Counter(Execution.objects.filter(task_id=task.pk).values_list("worker", flat=True))
+
+
+def due(task: Task) -> bool:
+    return Task.objects.filter(pk=task.pk, run_after__lte=Now()).exists()
+
+
+def database_now():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+# -- durable sleep -------------------------------------------------------------------------
+
+
+def test_a_durable_sleep_ends_the_run_and_the_task_goes_on_after_it() -> None:
+    task = Task.objects.enqueue(waiting.sleeps_between_steps, 0.5)
+    drain()
+    task.refresh_from_db()
+    # Suspended: ready again at the kept time, the attempt given back, no worker held.
+    assert (task.status, task.attempt, task.locked_at) == (Status.READY, 0, None)
+    assert [s["name"] for s in task.steps] == ["a", "@sleep 1"]
+    until = task.steps[1]["result"]["until"]
+    assert task.run_after.isoformat() == timezone.datetime.fromisoformat(until).isoformat()
+    assert task.run_after > task.started_at
+    assert effects(task) == {"a": 1}
+
+    wait_until(lambda: due(task))
+    drain()
+    task.refresh_from_db()
+    assert (task.status, task.attempt, task.claims) == (Status.SUCCESSFUL, 1, 2)
+    assert effects(task) == {"a": 1, "b": 1}
+    assert task.result == [{"step": "a", "claim": 1}, {"step": "b", "claim": 2}]
+
+
+def test_a_task_woken_before_its_sleep_ends_sleeps_on_until_the_kept_time() -> None:
+    task = Task.objects.enqueue(waiting.sleeps_between_steps, 3600)
+    drain()
+    task.refresh_from_db()
+    kept = task.run_after
+    Task.objects.filter(pk=task.pk).retry_now()
+    assert due(task)
+    drain()
+    task.refresh_from_db()
+    # The second run replayed step a, found the sleep not over and suspended again.
+    assert (task.status, task.claims, task.run_after) == (Status.READY, 2, kept)
+    assert effects(task) == {"a": 1}
+    assert [s["name"] for s in task.steps] == ["a", "@sleep 1"]
+
+
+def test_sleep_until_keeps_the_time_of_the_first_run() -> None:
+    task = Task.objects.enqueue(waiting.sleeps_until_later, 0.3)
+    drain()
+    task.refresh_from_db()
+    first = task.run_after
+    wait_until(lambda: due(task))
+    drain()
+    task.refresh_from_db()
+    # The second run asked for a later time (now + 0.3 s) but woke at the first one: done.
+    assert (task.status, task.result, task.claims) == (Status.SUCCESSFUL, "after", 2)
+    assert task.steps[0]["result"]["until"] == first.isoformat()
+
+
+def test_a_sleep_that_ends_in_the_past_does_not_suspend() -> None:
+    past = (timezone.now() - timedelta(days=1)).isoformat()
+    task = run_task(Task.objects.enqueue(waiting.sleeps_until, past))
+    assert (task.status, task.result, task.claims) == (Status.SUCCESSFUL, "awake", 1)
+    zero = run_task(Task.objects.enqueue(waiting.sleeps_once, 0))
+    assert (zero.status, zero.claims) == (Status.SUCCESSFUL, 1)
+
+
+@pytest.mark.parametrize("seconds", [-1, 10**9, "1", True, None])
+def test_a_bad_sleep_fails_the_task_with_a_clear_error(seconds: object) -> None:
+    task = run_task(Task.objects.enqueue(waiting.sleeps_once, seconds))
+    assert task.status == Status.FAILED
+    assert "sleep() takes 0 to 31622400 seconds or a timedelta" in task.error_text
+
+
+def test_a_cancelled_sleeping_task_ends_cancelled() -> None:
+    task = Task.objects.enqueue(waiting.sleeps_between_steps, 3600)
+    drain()
+    assert Task.objects.filter(pk=task.pk).cancel().cancelled == 1
+    task.refresh_from_db()
+    assert task.status == Status.CANCELLED
+
+
+# -- events --------------------------------------------------------------------------------
+
+
+def test_a_task_waits_for_its_event_and_gets_the_payload() -> None:
+    task = Task.objects.enqueue(waiting.waits_for_event, "order-1")
+    drain()
+    task.refresh_from_db()
+    assert (task.status, task.attempt, task.awaited_event) == (Status.READY, 0, "order-1")
+    assert not due(task)
+    assert effects(task) == {"before": 1}
+
+    assert Task.objects.send_event("order-1", {"paid": 12.5}) == 1
+    task.refresh_from_db()
+    assert task.awaited_event is None and due(task)
+    drain()
+    task.refresh_from_db()
+    assert (task.status, task.result, task.claims) == (Status.SUCCESSFUL, {"paid": 12.5}, 2)
+    assert effects(task) == {"before": 1, "after": 1}
+    assert [s["name"] for s in task.steps] == ["before", "@event order-1", "after"]
+    # Sent again: nobody waits any more, and the task's kept payload stays.
+    assert Task.objects.send_event("order-1", "again") == 0
+    assert Event.objects.get(key="order-1").payload == "again"
+
+
+def test_an_event_sent_before_the_wait_is_not_lost() -> None:
+    Task.objects.send_event("early", [1, 2])
+    task = Task.objects.enqueue(waiting.waits_for_event, "early")
+    drain()
+    task.refresh_from_db()
+    assert (task.status, task.result, task.claims) == (Status.SUCCESSFUL, [1, 2], 1)
+
+
+def test_an_event_sent_in_a_rolled_back_transaction_was_never_sent() -> None:
+    task = Task.objects.enqueue(waiting.waits_for_event, "maybe")
+    drain()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert Task.objects.send_event("maybe", 1) == 1
+        raise RuntimeError("rolled back")
+    task.refresh_from_db()
+    assert (task.status, task.awaited_event) == (Status.READY, "maybe")
+    assert not due(task)
+    assert not Event.objects.filter(key="maybe").exists()
+
+
+def test_one_event_wakes_every_task_waiting_for_it() -> None:
+    tasks = [Task.objects.enqueue(waiting.waits_only, "broadcast") for _ in range(5)]
+    drain(concurrency=2)
+    assert Task.objects.filter(status=Status.READY, awaited_event="broadcast").count() == 5
+    assert Task.objects.send_event("broadcast", "go") == 5
+    drain(concurrency=2)
+    assert sorted(Task.objects.filter(pk__in=[t.pk for t in tasks])
+                  .values_list("status", "result")) == [(Status.SUCCESSFUL, "go")] * 5
+
+
+def test_a_wait_times_out_and_stays_timed_out_on_a_retry() -> None:
+    task = Task.objects.enqueue(waiting.waits_or_times_out, "late", 0.3, fail_after=True)
+    drain()
+    task.refresh_from_db()
+    assert task.status == Status.READY
+    deadline = timezone.datetime.fromisoformat(task.steps[0]["result"]["until"])
+    assert task.run_after == deadline
+    wait_until(lambda: due(task))
+    task = run_task(task)
+    # Timed out (the first attempt then failed on purpose)...
+    assert (task.status, task.attempt) == (Status.AWAITING_RETRY, 1)
+    assert [s["name"] for s in task.steps] == ["@wait late", "@timeout late"]
+    # ... and the event sent before the retry does not change what the retry sees.
+    assert Task.objects.send_event("late", "too late") == 0
+    task = run_task(task)
+    assert (task.status, task.attempt) == (Status.SUCCESSFUL, 2)
+    assert task.result == {"timeout": "The event 'late' was not sent within 0.3s."}
+
+
+def test_a_wait_answered_before_its_timeout_returns_the_payload() -> None:
+    task = Task.objects.enqueue(waiting.waits_or_times_out, "soon", 3600)
+    drain()
+    Task.objects.send_event("soon", {"ok": True})
+    drain()
+    task.refresh_from_db()
+    assert (task.status, task.result) == (Status.SUCCESSFUL, {"payload": {"ok": True}})
+
+
+def test_waiting_twice_for_a_key_in_a_run_fails_the_task() -> None:
+    Task.objects.send_event("twice", 1)
+    task = run_task(Task.objects.enqueue(waiting.waits_twice, "twice"))
+    assert task.status == Status.FAILED
+    assert "StepError" in task.error_text and "@event twice" in task.error_text
+
+
+def test_an_async_handler_sleeps_and_waits_durably() -> None:
+    task = Task.objects.enqueue(waiting.async_sleeps_and_waits, "async-key", 0.2)
+    drain(pool="async")
+    task.refresh_from_db()
+    assert (task.status, [s["name"] for s in task.steps]) == (Status.READY, ["a", "@sleep 1"])
+    wait_until(lambda: due(task))
+    drain(pool="async")
+    task.refresh_from_db()
+    assert (task.status, task.awaited_event) == (Status.READY, "async-key")
+    Task.objects.send_event("async-key", "async payload")
+    drain(pool="async")
+    task.refresh_from_db()
+    assert (task.status, task.result, task.attempt) == (Status.SUCCESSFUL, "async payload", 1)
+    assert effects(task) == {"a": 1, "b": 1}
+
+
+def test_a_process_pool_child_sleeps_and_waits_durably() -> None:
+    sleeper = Task.objects.enqueue(waiting.sleeps_between_steps, 0.2)
+    waiter = Task.objects.enqueue(waiting.waits_for_event, "child-key")
+    drain(pool="process")
+    sleeper.refresh_from_db()
+    waiter.refresh_from_db()
+    assert (sleeper.status, waiter.status, waiter.awaited_event) == (
+        Status.READY, Status.READY, "child-key")
+    Task.objects.send_event("child-key", "from the parent")
+    wait_until(lambda: due(sleeper))
+    drain(pool="process")
+    assert set(Task.objects.filter(pk__in=[sleeper.pk, waiter.pk])
+               .values_list("status", flat=True)) == {Status.SUCCESSFUL}
+    waiter.refresh_from_db()
+    assert waiter.result == "from the parent"
+
+
+@pytest.mark.parametrize(("key", "payload", "message"), [
+    ("", None, "An event key must be a non-empty string"),
+    (7, None, "An event key must be a non-empty string"),
+    ("k" * 201, None, "An event key has at most 200 characters"),
+    ("a\x00b", None, "An event key cannot contain a NUL character"),
+    ("a\ud800", None, "An event key cannot contain a lone surrogate"),
+    ("k", {"x": float("nan")}, "The event's payload"),
+    ("k", {1, 2}, "The event's payload"),
+    ("k", "a\x00", "The event's payload"),
+    ("k", 10**5000, "The event's payload"),
+], ids=["empty", "int", "long", "nul", "surrogate", "nan", "set", "nul-payload", "huge-int"])
+def test_a_bad_event_is_refused_before_any_sql(key: object, payload: object,
+                                               message: str) -> None:
+    Task.objects.enqueue(waiting.nothing)
+    with transaction.atomic():
+        with pytest.raises(InvalidEventError, match=message.replace("(", r"\(")):
+            Task.objects.send_event(key, payload)
+        # The caller's transaction is still usable, and nothing was written.
+        assert Task.objects.count() == 1
+    assert not Event.objects.exists()
+
+
+# -- the race between a send and a wait, step by step ----------------------------------------
+
+
+def flagged_run(key: str) -> Task:
+    """A claimed task whose run looked for ``key`` (not sent) and flagged its task."""
+    Task.objects.enqueue(waiting.waits_only, key)
+    [task] = Task.objects.claim("w1")
+    with Task.objects.event_check(task, key) as found:
+        assert (found.sent, found.flagged) == (False, True)
+    return task
+
+
+def test_a_send_between_the_flag_and_the_suspension_makes_the_task_due_at_once() -> None:
+    task = flagged_run("between")
+    assert Task.objects.send_event("between", 1) == 1  # clears the running task's flag
+    assert transitions.write("default", [(task, Suspended(None, event=True))]) == {
+        task.pk: Status.READY}
+    task.refresh_from_db()
+    assert task.awaited_event is None and due(task)
+
+
+def test_a_send_after_the_suspension_makes_the_task_due_at_once() -> None:
+    task = flagged_run("after")
+    transitions.write("default", [(task, Suspended(None, event=True))])
+    task.refresh_from_db()
+    assert (task.awaited_event, due(task)) == ("after", False)
+    assert task.run_after > database_now() + timedelta(days=364)
+    assert Task.objects.send_event("after", 1) == 1
+    assert due(task)
+
+
+def test_a_wait_during_an_open_send_waits_for_its_commit_and_sees_the_event() -> None:
+    """The sender's transaction is open (its event not yet visible) when the run looks for
+    the key: the run waits for the key's lock, then finds the event."""
+    Task.objects.enqueue(waiting.waits_only, "open")
+    [task] = Task.objects.claim("w1")
+    found: list = []
+
+    def look() -> None:
+        try:
+            with Task.objects.event_check(task, "open") as check:
+                found.append(check)
+        finally:
+            connection.close()
+
+    with open_connection("default") as sender:
+        sender.execute("BEGIN")
+        sender.execute(events.LOCK_SQL, {"key": "open"})
+        sender.execute(events.SEND_SQL, {"key": "open", "payload": '"sent"'})
+        looker = threading.Thread(target=look)
+        looker.start()
+        try:
+            wait_until(lambda: waiting_for_advisory_lock() == 1,
+                       what="the run waits for the key")
+        finally:
+            sender.execute("COMMIT")
+            looker.join(30)
+    assert [(f.sent, f.payload, f.flagged) for f in found] == [(True, "sent", False)]
+
+
+def waiting_for_advisory_lock() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                       "AND NOT granted AND database = (SELECT oid FROM pg_database "
+                       "WHERE datname = current_database())")
+        return cursor.fetchone()[0]
+
+
+def test_sends_racing_waits_lose_no_wake_up() -> None:
+    """Events sent from four threads while a worker starts the tasks that wait for them,
+    the sends landing before, during and after each wait: every task gets its payload."""
+    keys = [f"race-{i}" for i in range(120)]
+    tasks = Task.objects.enqueue_many(
+        [Task.objects.build(waiting.waits_only, key) for key in keys])
+    worker = Worker(concurrency=4, poll_interval=60, burst=False)
+    runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    runner.start()
+    try:
+        def send(part: list[str]) -> None:
+            try:
+                for key in part:
+                    Task.objects.send_event(key, key.upper())
+            finally:
+                connection.close()
+
+        senders = [threading.Thread(target=send, args=(keys[i::4],)) for i in range(4)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join()
+        wait_until(lambda: Task.objects.filter(status=Status.SUCCESSFUL).count() == len(keys),
+                   timeout=60)
+    finally:
+        worker.stop()
+        runner.join(60)
+    assert dict(Task.objects.filter(pk__in=[t.pk for t in tasks])
+                .values_list("args__0", "result")) == {k: k.upper() for k in keys}

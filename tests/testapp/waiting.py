@@ -1,0 +1,94 @@
+"""Handlers of durable sleeps and waits for events, for tests/integration/test_durable_waits.py.
+
+Each step's side effect is one ``Execution`` row (tests.testapp.durable.effect): a step run
+exactly once leaves exactly one row.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from django_pgtasks import pgtask
+from django_pgtasks.definition.registry import TaskContext
+from django_pgtasks.exceptions import EventTimeout
+
+from .durable import async_effect, effect
+
+
+@pgtask(context=True, max_attempts=1)
+def sleeps_between_steps(ctx: TaskContext, seconds: float) -> list:
+    """Step a, a durable sleep, step b."""
+    first = ctx.step("a", effect, ctx, "a")
+    ctx.sleep(seconds)
+    return [first, ctx.step("b", effect, ctx, "b")]
+
+
+@pgtask(context=True, max_attempts=1)
+def sleeps_until_later(ctx: TaskContext, seconds: float) -> str:
+    """A sleep until ``seconds`` after *this run's* clock: only the first run's time counts."""
+    ctx.sleep_until(timezone.now() + timedelta(seconds=seconds))
+    return ctx.step("after", effect, ctx, "after")["step"]
+
+
+@pgtask(context=True, max_attempts=1)
+def sleeps_until(ctx: TaskContext, when: str) -> str:
+    ctx.sleep_until(datetime.fromisoformat(when))
+    return "awake"
+
+
+@pgtask(context=True, max_attempts=1)
+def waits_for_event(ctx: TaskContext, key: str, timeout: float | None = None) -> Any:
+    """Step "before", the wait, step "after"; returns the event's payload."""
+    ctx.step("before", effect, ctx, "before")
+    payload = ctx.wait_for_event(key, timeout)
+    ctx.step("after", effect, ctx, "after")
+    return payload
+
+
+@pgtask(context=True, max_attempts=2)
+def waits_or_times_out(ctx: TaskContext, key: str, timeout: float, fail_after: bool = False) -> Any:
+    """A wait with a timeout, caught; the first attempt fails after it if ``fail_after``."""
+    try:
+        outcome = {"payload": ctx.wait_for_event(key, timeout)}
+    except EventTimeout as exc:
+        outcome = {"timeout": str(exc)}
+    if fail_after and ctx.attempt == 1:
+        raise RuntimeError("fails after the wait")
+    return outcome
+
+
+@pgtask(context=True, max_attempts=1)
+def waits_twice(ctx: TaskContext, key: str) -> None:
+    ctx.wait_for_event(key)
+    ctx.wait_for_event(key)
+
+
+@pgtask(context=True, max_attempts=1)
+async def async_sleeps_and_waits(ctx: TaskContext, key: str, seconds: float) -> Any:
+    """An async handler: a step, a durable sleep, a wait for ``key``, a step."""
+    await ctx.astep("a", async_effect, ctx, "a")
+    await ctx.asleep(seconds)
+    payload = await ctx.await_event(key)
+    await ctx.astep("b", async_effect, ctx, "b")
+    return payload
+
+
+@pgtask(context=True, max_attempts=1)
+def sleeps_once(ctx: TaskContext, seconds: float) -> str:
+    """Only a durable sleep (for the tests of many sleeping tasks)."""
+    ctx.sleep(seconds)
+    return "slept"
+
+
+@pgtask(context=True, max_attempts=1)
+def waits_only(ctx: TaskContext, key: str) -> Any:
+    """Only a wait (for the tests of many waiting tasks)."""
+    return ctx.wait_for_event(key)
+
+
+@pgtask(max_attempts=1)
+def nothing() -> None:
+    """A no-op task."""
