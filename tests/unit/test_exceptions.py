@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+import pickle
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -13,13 +14,16 @@ from django.db import DatabaseError, ProgrammingError
 from django_pgtasks.exceptions import (
     MAX_SNOOZE_SECONDS,
     ConnectionLost,
+    EventTimeout,
     FatalError,
     HandlerImportError,
+    InvalidEventError,
     InvalidPayloadError,
     InvalidTaskError,
     NotMigratedError,
     PgTasksError,
     Snooze,
+    Suspend,
     TaskInterrupted,
     TaskWaitTimeout,
     UnknownQueueError,
@@ -86,3 +90,25 @@ def test_not_migrated_names_its_database() -> None:
     error = NotMigratedError("run manage.py migrate", alias="queue_a")
     assert error.alias == "queue_a"
     assert str(error) == "run manage.py migrate"
+
+
+@pytest.mark.parametrize("exc", [
+    Snooze(30),
+    Suspend(datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)),
+    Suspend(None, "order-7"),
+    EventTimeout("order-7", 1.5),
+    EventTimeout("order-7"),
+], ids=repr)
+def test_the_control_exceptions_cross_from_a_child_process_as_they_are(exc: Exception) -> None:
+    """A process pool's child sends a handler's exception to the worker pickled: the worker
+    must get the same snooze, sleep or wait back, not a stand-in error."""
+    copy = pickle.loads(pickle.dumps(exc))
+    assert type(copy) is type(exc)
+    assert str(copy) == str(exc)
+    assert vars(copy) == vars(exc)
+
+
+def test_a_suspension_is_a_snooze_and_an_event_timeout_a_timeout() -> None:
+    assert isinstance(Suspend(None), Snooze)
+    assert isinstance(EventTimeout("k"), TimeoutError)
+    assert isinstance(InvalidEventError("bad"), InvalidTaskError)

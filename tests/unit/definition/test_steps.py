@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from django_pgtasks.definition import steps
+from django_pgtasks.definition import events, steps
 from django_pgtasks.definition.handlers import TaskContext
-from django_pgtasks.exceptions import StepError, UnstorableResultError
+from django_pgtasks.exceptions import InvalidEventError, StepError, UnstorableResultError
 
 
 @pytest.mark.parametrize(("name", "message"), [
@@ -102,3 +102,29 @@ def test_a_name_is_used_once_per_run_even_for_a_kept_step() -> None:
         ctx.step("charge", lambda: None)
     with pytest.raises(StepError, match="non-empty string"):
         ctx.step("", lambda: None)
+
+
+def test_a_step_name_cannot_take_the_reserved_prefix_of_sleeps_and_waits() -> None:
+    with pytest.raises(StepError, match="cannot start with '@'"):
+        steps.check_name("@sleep 1")
+    assert steps.check_name("a@b") == "a@b"
+
+
+@pytest.mark.parametrize(("key", "message"), [
+    ("", "must be a non-empty string"),
+    (None, "must be a non-empty string"),
+    ("k" * (events.MAX_EVENT_KEY + 1), "has at most 200 characters"),
+    ("a\x00", "NUL character"),
+    ("\udfff", "lone surrogate"),
+])
+def test_an_event_key_is_checked_before_any_sql(key: object, message: str) -> None:
+    with pytest.raises(InvalidEventError, match=message):
+        events.check_key(key)
+
+
+def test_the_entries_of_sleeps_and_waits_have_reserved_names() -> None:
+    names = [events.slept(1), events.received("k"), events.timed_out("k"), events.deadline("k")]
+    assert names == ["@sleep 1", "@event k", "@timeout k", "@wait k"]
+    for name in names:
+        with pytest.raises(StepError):
+            steps.check_name(name)
