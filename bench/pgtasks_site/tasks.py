@@ -44,3 +44,15 @@ def steps(context, count: int, atomic: bool = False) -> int:
     for i in range(count):
         context.step(f"s{i}", int, i, atomic=atomic)
     return count
+
+
+@pgtask(name="bench.durable_sleep", context=True)
+def durable_sleep(context, seconds: float) -> None:
+    """Sleeps ``seconds`` durably, holding no thread (bench/durable.py)."""
+    context.sleep(seconds)
+
+
+@pgtask(name="bench.wait_for_event", context=True)
+def wait_for_event(context, key: str) -> object:
+    """Waits durably for the event ``key`` (bench/durable.py)."""
+    return context.wait_for_event(key)
