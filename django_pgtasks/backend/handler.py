@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
@@ -18,6 +20,7 @@ from django_pgtasks.definition.framework import (
     task_finished,
     task_started,
 )
+from django_pgtasks.definition.handlers import TaskContext as Context
 from django_pgtasks.definition.handlers import await_handler
 from django_pgtasks.definition.payload import normalize_result
 from django_pgtasks.definition.registry import TaskHandler
@@ -116,16 +119,16 @@ class DjangoTaskHandler(TaskHandler):
 
     def call(self, task: TaskRow, worker_id: str) -> Any:
         """Run the Django task with the row's arguments; return its value as plain JSON."""
-        run, args = self._run_and_arguments(task)
+        run, args = self._run_and_arguments(task, worker_id)
         return _storable(run.task.call(*args, **task.kwargs))
 
     async def acall(self, task: TaskRow, worker_id: str) -> Any:
         """:meth:`call` of an ``async def`` Django task on the running event loop (the async
         pool's), cancelled once the row's cancellation is signalled."""
-        run, args = self._run_and_arguments(task)
+        run, args = self._run_and_arguments(task, worker_id)
         return _storable(await await_handler(run.task.acall(*args, **task.kwargs), task, None))
 
-    def _run_and_arguments(self, task: TaskRow) -> tuple[_Run, list[Any]]:
+    def _run_and_arguments(self, task: TaskRow, worker_id: str) -> tuple[_Run, list[Any]]:
         """The row's run (made by ``started()``, else now) and the positional arguments."""
         run = task.__dict__.get(_RUN_ATTR) or _Run.for_row(task)
         if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):
@@ -135,7 +138,8 @@ class DjangoTaskHandler(TaskHandler):
             )
         args = list(task.args)
         if run.task.takes_context:
-            args.insert(0, TaskContext(task_result=run.result))
+            args.insert(0, DurableTaskContext(
+                task_result=run.result, durable=Context(task=task, worker_id=worker_id)))
         task.__dict__[_RUN_ATTR] = run
         return run, args
 
@@ -159,6 +163,49 @@ class DjangoTaskHandler(TaskHandler):
         result = _finished_result(run, task, exception) if run is not None else None
         if result is not None:
             _send_state(task_finished, type(run.backend), result)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DurableTaskContext(TaskContext):
+    """Django's ``TaskContext`` (``task_result``, ``attempt``) for tasks defined with
+    ``@task(takes_context=True)``, with the durable parts of django-pgtasks' own context:
+    steps, durable sleeps and waits for events, cancellation. Each method is that of
+    :class:`django_pgtasks.definition.handlers.TaskContext`."""
+
+    durable: Context = dataclasses.field(repr=False, compare=False)
+
+    def step(self, name: str, func: Callable[..., Any], /, *args: Any, atomic: bool = False,
+             **kwargs: Any) -> Any:
+        return self.durable.step(name, func, *args, atomic=atomic, **kwargs)
+
+    async def astep(self, name: str, func: Callable[..., Any], /, *args: Any,
+                    atomic: bool = False, **kwargs: Any) -> Any:
+        return await self.durable.astep(name, func, *args, atomic=atomic, **kwargs)
+
+    def sleep(self, seconds: float | timedelta) -> None:
+        self.durable.sleep(seconds)
+
+    def sleep_until(self, when: datetime) -> None:
+        self.durable.sleep_until(when)
+
+    async def asleep(self, seconds: float | timedelta) -> None:
+        await self.durable.asleep(seconds)
+
+    async def asleep_until(self, when: datetime) -> None:
+        await self.durable.asleep_until(when)
+
+    def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        return self.durable.wait_for_event(key, timeout)
+
+    async def await_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        return await self.durable.await_event(key, timeout)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.durable.cancelled
+
+    def raise_if_cancelled(self) -> None:
+        self.durable.raise_if_cancelled()
 
 
 def _storable(value: Any) -> Any:

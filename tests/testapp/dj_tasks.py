@@ -200,3 +200,16 @@ async def async_noop(*args: Any, **kwargs: Any) -> None:
 @task
 def complex_exception() -> None:
     raise ValueError(ValueError("This task failed"))
+
+
+# -- durable parts through Django's context ----------------------------------------------------
+
+
+@task(takes_context=True)
+def durable_through_djangos_context(context, key: str) -> Any:
+    """A step, a durable sleep and a wait, through the context Django's API passes."""
+    first = context.step("record", lambda: Execution.objects.create(
+        task_id=0, attempt=context.attempt, worker=f"dj-{key}").pk)
+    context.sleep(0.2)
+    return {"record": first, "payload": context.wait_for_event(key),
+            "result_id": context.task_result.id}
