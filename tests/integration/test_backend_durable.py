@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("django_pgtasks.definition.framework")
+compat = pytest.importorskip("django_pgtasks.definition.framework")
 
 from django.db.models.functions import Now  # noqa: E402
 
