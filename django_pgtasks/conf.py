@@ -91,6 +91,11 @@ DEFAULTS: dict[str, Any] = {
     # concurrency keys and rate limits (docs/howto/concurrency-limits.md). New keyed tasks or
     # a new rate limit are picked up within this time; pauses apply at once regardless.
     "CONTROLS_REFRESH": 1.0,
+    # Log records a running task keeps with its row (context.logger, and any logger of the
+    # project used during the run): this level and above ("DEBUG", "INFO", ..., or None: none).
+    "TASK_LOG_LEVEL": "INFO",
+    # Entries kept in a task's log; the oldest are dropped first.
+    "TASK_LOG_LENGTH": 100,
     # Seconds paused between two tasks in one worker thread (0 = none).
     "TASK_PAUSE": 0.0,
     # Seconds paused after a database error; doubles on each further error up to ERROR_PAUSE_MAX.

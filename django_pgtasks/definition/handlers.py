@@ -264,6 +264,48 @@ class TaskContext:
 
         return await sync_to_async(self.wait_for_event, thread_sensitive=True)(key, timeout)
 
+    # -- progress and log ------------------------------------------------------------------
+
+    def progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        """Report how far the run is: ``done`` of ``total`` (``None``: unknown), with a
+        short ``message``. Shown in the admin (a progress bar); written to the task's row at
+        most once a second, and when the run ends. ``ValueError`` for a negative or
+        non-finite number, or a total of 0. In an ``async def`` handler, use
+        :meth:`aprogress` (a write may happen)."""
+        from django_pgtasks.definition import run_report
+
+        report = run_report.current()
+        if report is None:  # called outside a run (the handler called directly)
+            return
+        run_report.set_progress(report, done, total, message)
+        if report.due:
+            _tasks().write_report(self.task, report)
+
+    async def aprogress(self, done: float, total: float | None = None,
+                        message: str = "") -> None:
+        """:meth:`progress` for ``async def`` handlers."""
+        from asgiref.sync import sync_to_async
+
+        from django_pgtasks.definition import run_report
+
+        report = run_report.current()
+        if report is None:
+            return
+        run_report.set_progress(report, done, total, message)
+        if report.due:
+            await sync_to_async(_tasks().write_report, thread_sensitive=True)(self.task, report)
+
+    @property
+    def logger(self) -> logging.LoggerAdapter:
+        """A logger whose records are kept with the task (its log in the admin), and go to
+        the project's logging as ``django_pgtasks.task`` with the task's id. The records of
+        any other logger of the project emitted during the run are kept too, from
+        ``PGTASKS["TASK_LOG_LEVEL"]`` up."""
+        from django_pgtasks.definition.run_report import TASK_LOGGER
+
+        return logging.LoggerAdapter(logging.getLogger(TASK_LOGGER),
+                                     {"task_id": self.task_id, "task_name": self.task.name})
+
     # -- durable steps ---------------------------------------------------------------------
 
     def step(self, name: str, func: Callable[..., Any], /, *args: Any, atomic: bool = False,
@@ -539,11 +581,18 @@ class TaskHandler:
         """
         from asgiref.sync import async_to_sync
 
+        from django_pgtasks.definition import run_report
+
         args = self._arguments(task, worker_id)
-        if self.is_async:
-            result = async_to_sync(self._awaited)(task, args)
-        else:
-            result = self.func(*args, **task.kwargs)
+        with run_report.reporting() as report:
+            try:
+                if self.is_async:
+                    result = async_to_sync(self._awaited)(task, args)
+                else:
+                    result = self.func(*args, **task.kwargs)
+            finally:
+                if report.pending:
+                    _write_last_report(task, report)
         return storable_result(result)
 
     async def acall(self, task: TaskRow, worker_id: str) -> Any:
@@ -552,7 +601,18 @@ class TaskHandler:
         (:class:`~django_pgtasks.exceptions.TaskTimeoutError`) or once the task's cancellation
         is signalled (:class:`~django_pgtasks.exceptions.TaskCancelled`); see
         :func:`await_handler`. Only for handlers whose :attr:`is_async` is true."""
-        return storable_result(await self._awaited(task, self._arguments(task, worker_id)))
+        from asgiref.sync import sync_to_async
+
+        from django_pgtasks.definition import run_report
+
+        args = self._arguments(task, worker_id)
+        with run_report.reporting() as report:
+            try:
+                result = await self._awaited(task, args)
+            finally:
+                if report.pending:
+                    await sync_to_async(_write_last_report, thread_sensitive=True)(task, report)
+        return storable_result(result)
 
     async def _awaited(self, task: TaskRow, args: list[Any]) -> Any:
         return await await_handler(self.func(*args, **task.kwargs), task, self.timeout)
@@ -600,6 +660,16 @@ class TaskHandler:
     def build(self, *args: Any, **kwargs: Any) -> TaskRow:
         """An unsaved, validated task for :meth:`TaskManager.enqueue_many`."""
         return _tasks().build(self, *args, **kwargs)
+
+
+def _write_last_report(task: TaskRow, report: Any) -> None:
+    """Write what the run reported last, as it ends; a failure to write it is logged, never
+    raised (the run's outcome matters more)."""
+    try:
+        _tasks().write_report(task, report)
+    except Exception:
+        logger.warning("Task id=%s: its last progress and log records could not be written.",
+                       task.pk, exc_info=True)
 
 
 def _instant(value: Any) -> datetime:

@@ -138,7 +138,7 @@ def _saved(task: Any, db: str, pk: int, run_after: datetime, created_at: datetim
     values = task.__dict__
     values["id"], values["run_after"] = pk, run_after
     values["created_at"] = values["updated_at"] = created_at
-    for name in ("worker_ids", "errors", "steps"):
+    for name in ("worker_ids", "errors", "steps", "log"):
         if isinstance(values.get(name), DatabaseDefault):
             values[name] = []
     state = task._state

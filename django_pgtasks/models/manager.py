@@ -34,7 +34,14 @@ from django_pgtasks.definition.status import Status
 from django_pgtasks.definition.task_row import TaskRow
 from django_pgtasks.exceptions import InvalidTaskError, LeaseLostError, UnknownTaskError
 from django_pgtasks.lifecycle import claim as claiming
-from django_pgtasks.lifecycle import dependencies, events, inserts, steps, transitions
+from django_pgtasks.lifecycle import (
+    dependencies,
+    events,
+    inserts,
+    reports,
+    steps,
+    transitions,
+)
 from django_pgtasks.lifecycle.row_loading import load_rows
 from django_pgtasks.models.dependencies import OnParentFailure
 from django_pgtasks.models.queries import TaskQuerySet
@@ -344,6 +351,13 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         """Keep the durable sleep ``name`` of the running ``task``
         (:func:`django_pgtasks.lifecycle.steps.keep_sleep`): what ``context.sleep()`` calls."""
         return steps.keep_sleep(task, name, seconds, until, self._task_db(task, None))
+
+    def write_report(self, task: TaskRow, report: Any) -> bool:
+        """Write what the running ``task`` reported (``report``, a
+        :class:`~django_pgtasks.definition.run_report.RunReport`: its progress and log
+        records), and empty it (:func:`django_pgtasks.lifecycle.reports.write`)."""
+        progress, entries = report.take()
+        return reports.write(task, progress, entries, self._task_db(task, None))
 
     @contextlib.contextmanager
     def event_check(self, task: TaskRow, key: str) -> Iterator[events.Check]:

@@ -61,6 +61,17 @@ class TaskFields(models.Model):
                     "result, attempt, time, duration. Kept across attempts: a step that "
                     "completed is not run again."),
     )
+    progress = models.JSONField(
+        _("progress"), null=True, blank=True, default=None,
+        help_text=_("The last progress the task reported (context.progress()): done, total, "
+                    "message, time."),
+    )
+    log = models.JSONField(
+        _("log"), default=list, db_default=Value([], models.JSONField()), blank=True,
+        help_text=_("The log records of the task's runs (context.logger and the project's "
+                    "loggers), the last PGTASKS['TASK_LOG_LENGTH']: time, level, logger, "
+                    "message."),
+    )
     key = models.CharField(
         _("deduplication key"), max_length=255, null=True, blank=True, default=None
     )

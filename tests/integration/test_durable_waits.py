@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_pgtasks.database.sessions import open_connection
+from django_pgtasks.definition import run_report
 from django_pgtasks.exceptions import InvalidEventError
 from django_pgtasks.lifecycle import events, transitions
 from django_pgtasks.lifecycle.transitions import Suspended
@@ -396,3 +397,67 @@ def test_sleeping_and_waiting_tasks_hold_no_thread_while_others_drain() -> None:
     for sleeper in Task.objects.filter(pk__in=[t.pk for t in sleepers]):
         assert sleeper.started_at >= timezone.datetime.fromisoformat(
             sleeper.steps[0]["result"]["until"])
+
+
+# -- progress and log --------------------------------------------------------------------------
+
+
+def test_a_run_keeps_its_progress_and_its_log_records() -> None:
+    task = Task.objects.enqueue(waiting.reports_progress, 50, fail=True)
+    drain()
+    task.refresh_from_db()
+    assert (task.status, task.result) == (Status.SUCCESSFUL, 50)
+    # The last progress of the last run (written as the run ended, though within the second).
+    assert {k: task.progress[k] for k in ("done", "total", "message")} == {
+        "done": 50, "total": 50, "message": "item 50"}
+    assert task.progress["at"]
+    # Both runs' records, in order: the run's logger and the project's, nothing else.
+    assert [(e["level"], e["logger"], e["message"]) for e in task.log] == [
+        ("INFO", "django_pgtasks.task", "starting 50 items"),
+        ("WARNING", "tests.project", "a record of the project's own logger"),
+    ] * 2
+
+
+def test_a_tasks_log_is_bounded_and_clean(settings) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "TASK_LOG_LENGTH": 10}
+    task = run_task(Task.objects.enqueue(waiting.logs_a_lot, 25))
+    assert task.status == Status.SUCCESSFUL
+    assert [e["message"] for e in task.log] == [
+        f"record {i} x\\x00y\\ud800" for i in range(15, 25)]
+
+
+def test_a_task_that_reports_nothing_writes_nothing() -> None:
+    task = run_task(Task.objects.enqueue(waiting.nothing))
+    assert (task.progress, task.log) == (None, [])
+
+
+def test_an_async_handler_reports_its_progress() -> None:
+    task = Task.objects.enqueue(waiting.async_reports)
+    drain(pool="async")
+    task.refresh_from_db()
+    assert (task.status, task.progress["done"], task.progress["message"]) == (
+        Status.SUCCESSFUL, 2, "all")
+    assert [e["message"] for e in task.log] == ["async record"]
+
+
+def test_the_progress_of_a_running_task_is_written_while_it_runs() -> None:
+    task = Task.objects.enqueue(waiting.reports_until_cancelled)
+    worker = Worker(concurrency=1, poll_interval=60)
+    runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    runner.start()
+    try:
+        wait_until(lambda: Task.objects.filter(pk=task.pk, status=Status.RUNNING,
+                                               progress__message="still going").exists(),
+                   what="a progress written while the task runs")
+        first = Task.objects.get(pk=task.pk).progress
+        # Written again a second later, not at every one of its calls (every 20 ms).
+        wait_until(lambda: Task.objects.get(pk=task.pk).progress["done"] > first["done"])
+        second = Task.objects.get(pk=task.pk).progress
+        apart = (timezone.datetime.fromisoformat(second["at"])
+                 - timezone.datetime.fromisoformat(first["at"]))
+        assert apart >= timedelta(seconds=run_report.WRITE_INTERVAL)
+        Task.objects.filter(pk=task.pk).cancel()
+        wait_until(lambda: Task.objects.filter(pk=task.pk, status=Status.CANCELLED).exists())
+    finally:
+        worker.stop()
+        runner.join(60)

@@ -92,3 +92,45 @@ def waits_only(ctx: TaskContext, key: str) -> Any:
 @pgtask(max_attempts=1)
 def nothing() -> None:
     """A no-op task."""
+
+
+@pgtask(context=True, max_attempts=2)
+def reports_progress(ctx: TaskContext, items: int, fail: bool = False) -> int:
+    """Works through ``items``, reporting its progress and logging; fails at the end of the
+    first attempt if ``fail``."""
+    import logging
+
+    project_logger = logging.getLogger("tests.project")
+    ctx.logger.info("starting %s items", items)
+    for done in range(1, items + 1):
+        ctx.progress(done, items, f"item {done}")
+    project_logger.warning("a record of the project's own logger")
+    logging.getLogger("django_pgtasks.worker").warning("not kept: the queue's own logger")
+    project_logger.debug("not kept: below the level")
+    if fail and ctx.attempt == 1:
+        raise RuntimeError("fails after its progress")
+    return items
+
+
+@pgtask(context=True, max_attempts=1)
+def logs_a_lot(ctx: TaskContext, records: int) -> None:
+    for i in range(records):
+        ctx.logger.info("record %s %s", i, "x\x00y\ud800")
+
+
+@pgtask(context=True, max_attempts=1)
+async def async_reports(ctx: TaskContext) -> str:
+    ctx.logger.info("async record")
+    await ctx.aprogress(1, 2, "half")
+    await ctx.aprogress(2, 2, "all")
+    return "done"
+
+
+@pgtask(context=True, max_attempts=1)
+def reports_until_cancelled(ctx: TaskContext) -> None:
+    """Reports its progress every 20 ms until cancelled."""
+    done = 0
+    while not ctx.wait(0.02):
+        done += 1
+        ctx.progress(done, None, "still going")
+    ctx.raise_if_cancelled()
