@@ -26,8 +26,9 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from django_pgtasks.admin.common import _with_database, selected_database
+from django_pgtasks.admin.progress import live
 from django_pgtasks.definition.status import Status
-from django_pgtasks.definition.steps import check_name
+from django_pgtasks.definition.steps import RESERVED, check_name
 from django_pgtasks.models import Task
 
 #: Query-string parameter naming the step to retry from.
@@ -62,7 +63,7 @@ class StepsMixin:
         database = obj._state.db or "default"
 
         def link(name: str) -> SafeString | str:
-            if not retry:
+            if not retry or name.startswith(RESERVED):  # a sleep or a wait: not a step
                 return ""
             url = reverse("admin:django_pgtasks_task_retry_from_step", args=[obj.pk])
             url = _with_database(f"{url}?{urlencode({STEP_PARAM: name})}", database)
@@ -76,11 +77,11 @@ class StepsMixin:
              Truncator(json.dumps(entry.get("result"), ensure_ascii=False)).chars(200),
              link(str(entry.get("name", ""))))
             for i, entry in enumerate(entries, 1)))
-        return format_html(
+        return live(obj, "steps", format_html(
             '<table class="pgtasks-steps"><thead><tr><th>#</th><th>{}</th><th>{}</th>'
             "<th>{}</th><th>{}</th><th>{}</th><th></th></tr></thead><tbody>{}</tbody>"
             "</table>",
-            _("step"), _("attempt"), _("kept at"), _("took"), _("result"), rows)
+            _("step"), _("attempt"), _("kept at"), _("took"), _("result"), rows))
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name  # type: ignore[attr-defined]

@@ -38,6 +38,7 @@ from django_pgtasks.admin.filters import (
     QueueFilter,
     WorkflowFilter,
 )
+from django_pgtasks.admin.progress import ProgressMixin
 from django_pgtasks.admin.steps import StepsMixin
 from django_pgtasks.admin.workflow_panel import WorkflowFieldsMixin
 from django_pgtasks.definition import routing
@@ -51,7 +52,7 @@ from django_pgtasks.models import (
 
 @admin.register(Task)
 class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, StepsMixin,
-                WorkflowFieldsMixin, admin.ModelAdmin):
+                ProgressMixin, WorkflowFieldsMixin, admin.ModelAdmin):
     # What tells tasks apart comes first, so that the error stays in view on a laptop's
     # screen; the worker holding a task is on its page (and the dashboard lists the stuck).
     # What tells tasks apart comes first, so that the error stays in view on a laptop's
@@ -75,6 +76,10 @@ class TaskAdmin(TolerantTimestampsMixin, TaskActionsMixin, DashboardMixin, Steps
     action_confirmation_template = "admin/django_pgtasks/task/action_confirmation.html"
     dashboard_template = "admin/django_pgtasks/task/dashboard.html"
     requeue_group_template = "admin/django_pgtasks/task/requeue_group.html"
+
+    class Media:
+        css = {"all": ("django_pgtasks/admin/pgtasks.css",)}
+        js = ("django_pgtasks/admin/live_task.js",)
 
     # A task of a workflow, or one that others wait for, also gets a "Workflow" fieldset
     # (WorkflowFieldsMixin.get_fieldsets).

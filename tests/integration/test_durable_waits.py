@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 from django.db.models.functions import Now
+from django.urls import reverse
 from django.utils import timezone
 
 from django_pgtasks.database.sessions import open_connection
@@ -461,3 +462,49 @@ def test_the_progress_of_a_running_task_is_written_while_it_runs() -> None:
     finally:
         worker.stop()
         runner.join(60)
+
+
+# -- the admin ---------------------------------------------------------------------------------
+
+
+def task_page(admin_client, task: Task) -> str:
+    response = admin_client.get(reverse("admin:django_pgtasks_task_change", args=[task.pk]))
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def test_the_admin_shows_the_progress_and_the_log_of_a_task(admin_client) -> None:
+    task = Task.objects.enqueue(waiting.reports_progress, 4)
+    drain()
+    Task.objects.filter(pk=task.pk).update(log=[*Task.objects.get(pk=task.pk).log, {
+        "at": "2026-11-27T03:00:00+00:00", "level": "ERROR", "logger": "x",
+        "message": "<script>alert(1)</script>"}])
+    page = task_page(admin_client, task)
+    assert '<progress class="pgtasks-progress" value="4" max="4"></progress> 4 / 4 (100%)' in page
+    assert "item 4" in page
+    assert "starting 4 items" in page
+    assert "a record of the project&#x27;s own logger" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script>alert" not in page
+    # Finished: the page does not read itself again.
+    assert 'data-pgtasks-live="running"' not in page
+    assert "live_task.js" in page
+
+
+def test_the_admin_shows_what_a_task_waits_for_and_refreshes_a_running_one(
+        admin_client) -> None:
+    waiter = Task.objects.enqueue(waiting.waits_for_event, "admin-key")
+    drain()
+    page = task_page(admin_client, waiter)
+    assert "Waits for the event <code>admin-key</code>" in page
+    # A sleep's kept entry is listed with the steps, without a "retry from here".
+    sleeper = Task.objects.enqueue(waiting.sleeps_between_steps, 3600)
+    drain()
+    page = task_page(admin_client, sleeper)
+    assert "<td>@sleep 1</td>" in page
+    assert page.count("retry from here") == 1  # step "a" only
+    Task.objects.enqueue(waiting.nothing)
+    [running] = Task.objects.claim("w1")
+    page = task_page(admin_client, running)
+    assert 'data-pgtasks-live="running" data-refresh="2"' in page
+    assert "No progress reported." in page
