@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from datetime import timedelta
@@ -259,7 +260,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
             "E008",
         ))
     positive_ints = ("MAX_ATTEMPTS", "CONCURRENCY", "ERROR_TEXT_LIMIT", "MAX_PAYLOAD_BYTES",
-                     "MAX_PAYLOAD_DEPTH", "MAX_RESULT_BYTES", "MAX_INTERRUPTIONS")
+                     "MAX_PAYLOAD_DEPTH", "MAX_RESULT_BYTES", "MAX_INTERRUPTIONS",
+                     "TASK_LOG_LENGTH")
     for key in positive_ints:
         value = getattr(pgtasks_settings, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -284,6 +286,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     if pool_problem:
         errors.append(_error(f"PGTASKS['POOL'], ['MAX_TASKS_PER_CHILD'] or "
                              f"['MAX_MEMORY_PER_CHILD']: {pool_problem}.", "E025"))
+    level = pgtasks_settings.TASK_LOG_LEVEL
+    if level is not None and not (
+            (isinstance(level, int) and not isinstance(level, bool))
+            or (isinstance(level, str) and isinstance(logging.getLevelName(level), int))):
+        errors.append(_error(
+            f"PGTASKS['TASK_LOG_LEVEL'] must be a logging level ('DEBUG', 'INFO', 'WARNING', "
+            f"'ERROR', 'CRITICAL' or a number) or None, not {level!r}.", "E026"))
     for key in ("LISTEN", "AUTODISCOVER", "TRACING"):
         if not isinstance(getattr(pgtasks_settings, key), bool):
             errors.append(_error(f"PGTASKS[{key!r}] must be True or False.", "E012"))
@@ -317,7 +326,7 @@ def check_retention(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     """The purge settings (see :mod:`django_pgtasks.patterns.retention`)."""
     errors: list[Error] = []
     s = pgtasks_settings
-    for key in ("RETENTION", "FAILED_RETENTION", "ARCHIVE_RETENTION"):
+    for key in ("RETENTION", "FAILED_RETENTION", "ARCHIVE_RETENTION", "EVENT_RETENTION"):
         value = getattr(s, key)
         seconds = value.total_seconds() if isinstance(value, timedelta) else value
         if value is not None and (not isinstance(seconds, int | float)

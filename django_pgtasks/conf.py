@@ -135,6 +135,10 @@ DEFAULTS: dict[str, Any] = {
     "ARCHIVE": False,
     # Archived tasks are deleted this long after they were archived (None keeps them forever).
     "ARCHIVE_RETENTION": timedelta(days=90),
+    # Events (Task.objects.send_event()) are deleted this long after they were sent, by the
+    # purge turns: seconds or a timedelta; None keeps them forever. A task that waits for an
+    # event deleted before its wait began waits for it to be sent again.
+    "EVENT_RETENTION": timedelta(days=30),
     # Seconds between two purge turns in each worker; one worker at a time purges, and a turn
     # stops after 50 batches or 1 second. 0 or None turns the automatic purge off.
     "PURGE_INTERVAL": 300.0,

@@ -97,3 +97,20 @@ def check(task: Any, key: str, using: str) -> Check:
     if isinstance(payload, str):  # jsonb comes as text through Django's connections
         payload = json.loads(payload)
     return Check(sent, payload, flagged, now)
+
+
+# Delete the events sent more than %(age)s seconds ago, oldest first, at most %(limit)s
+# (through the index on sent_at).
+EXPIRE_SQL = """
+    DELETE FROM pgtasks_event WHERE key IN (
+        SELECT key FROM pgtasks_event
+        WHERE sent_at < statement_timestamp() - make_interval(secs => %(age)s)
+        ORDER BY sent_at LIMIT %(limit)s)
+"""
+
+
+def expire(using: str, age: float, limit: int) -> int:
+    """Delete up to ``limit`` events sent more than ``age`` seconds ago; return how many."""
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(EXPIRE_SQL, {"age": age, "limit": limit})
+        return cursor.rowcount

@@ -38,6 +38,7 @@ from django.db.transaction import TransactionManagementError
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.database.schema import DONE_TABLE, FAILED_TABLE
 from django_pgtasks.definition import maintenance_jobs as maintenance
+from django_pgtasks.lifecycle import events
 from django_pgtasks.lifecycle.leases import LOCK_NAMESPACE
 from django_pgtasks.models import Status
 from django_pgtasks.models.task import archive_columns
@@ -407,4 +408,26 @@ maintenance.register(maintenance.Job(
     name="purge",
     interval=lambda: pgtasks_settings.PURGE_INTERVAL,
     run=purge_turn,
+))
+
+
+def expire_events(using: str) -> int:
+    """Delete the events sent longer than ``PGTASKS["EVENT_RETENTION"]`` ago (a bounded
+    turn, as every worker runs it every ``PURGE_INTERVAL`` seconds); return how many."""
+    age = to_seconds(pgtasks_settings.EVENT_RETENTION)
+    if age is None:
+        return 0
+    deleted = 0
+    for _ in range(TURN_MAX_BATCHES):
+        batch = events.expire(using, age, pgtasks_settings.PURGE_BATCH)
+        deleted += batch
+        if batch < pgtasks_settings.PURGE_BATCH:
+            break
+    return deleted
+
+
+maintenance.register(maintenance.Job(
+    name="expire events",
+    interval=lambda: pgtasks_settings.PURGE_INTERVAL,
+    run=expire_events,
 ))

@@ -21,6 +21,7 @@ from django_pgtasks.exceptions import InvalidEventError
 from django_pgtasks.lifecycle import events, transitions
 from django_pgtasks.lifecycle.transitions import Suspended
 from django_pgtasks.models import Event, Status, Task
+from django_pgtasks.patterns import retention
 from django_pgtasks.testing import run_task
 from django_pgtasks.worker.loop import Worker
 from tests.helpers import wait_until
@@ -508,3 +509,38 @@ def test_the_admin_shows_what_a_task_waits_for_and_refreshes_a_running_one(
     page = task_page(admin_client, running)
     assert 'data-pgtasks-live="running" data-refresh="2"' in page
     assert "No progress reported." in page
+
+
+def test_events_older_than_their_retention_are_deleted(settings) -> None:
+    Task.objects.send_event("old", 1)
+    Task.objects.send_event("new", 2)
+    Event.objects.filter(key="old").update(sent_at=Now() - timedelta(days=31))
+    assert retention.expire_events("default") == 1
+    assert list(Event.objects.values_list("key", flat=True)) == ["new"]
+    settings.PGTASKS = {**settings.PGTASKS, "EVENT_RETENTION": None}
+    Event.objects.filter(key="new").update(sent_at=Now() - timedelta(days=3650))
+    assert retention.expire_events("default") == 0
+
+
+@pytest.mark.slow
+def test_a_send_finds_its_waiting_tasks_by_index_among_many_rows() -> None:
+    """20,000 finished tasks and 2,000 waiting for other events: the send reads only the
+    rows of its own key (the partial index on awaited_event)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, status, attempt, "
+            "max_attempts, error_text, metadata, run_after, finished_at, awaited_event) "
+            "SELECT 'x', 'default', '[]', '{}', 100, "
+            "CASE WHEN i <= 2000 THEN 'READY' ELSE 'SUCCESSFUL' END, 0, 3, '', '{}', "
+            "now() + interval '1 day', CASE WHEN i > 2000 THEN now() END, "
+            "'event-' || (i % 2000) FROM generate_series(1, 22000) AS i")
+        cursor.execute("ANALYZE pgtasks_task")
+        with transaction.atomic():
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {events.SEND_SQL}",
+                           {"key": "event-7", "payload": "1"})
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            transaction.set_rollback(True)
+    print(plan)
+    assert "awaited_event_idx" in plan, plan
+    assert "Seq Scan on pgtasks_task" not in plan, plan
+    assert "Rows Removed by Filter" not in plan, plan

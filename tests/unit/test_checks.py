@@ -117,6 +117,10 @@ def test_manage_py_check_fails_on_misconfiguration(settings: Any) -> None:
         ({"TASK_MODULES": ["mysite."]}, "E024"),
         ({"TASK_MODULES": [None]}, "E024"),
         ({"CONCURENCY": 4}, "E003"),
+        ({"TASK_LOG_LENGTH": 0}, "E009"),
+        ({"TASK_LOG_LEVEL": "LOUD"}, "E026"),
+        ({"TASK_LOG_LEVEL": True}, "E026"),
+        ({"TASK_LOG_LEVEL": 20.5}, "E026"),
     ],
 )
 def test_invalid_settings_are_reported(settings: Any, pgtasks: dict, expected: str) -> None:
@@ -216,6 +220,8 @@ def test_a_shutdown_grace_as_long_as_the_worker_timeout_is_an_error(
     ({"FAILED_RETENTION": timedelta(seconds=-1)}, ["E020"]),
     ({"ARCHIVE_RETENTION": "30d"}, ["E020"]),
     ({"RETENTION": True}, ["E020"]),
+    ({"EVENT_RETENTION": -1}, ["E020"]),
+    ({"EVENT_RETENTION": None}, []),
     ({"PURGE_INTERVAL": None}, []),
     ({"PURGE_INTERVAL": -5}, ["E010"]),
     ({"PURGE_BATCH": 0}, ["E009"]),
@@ -298,3 +304,9 @@ def test_server_side_cursors_behind_a_transaction_pooler_are_a_warning(settings)
 def test_metrics_settings_are_checked(settings, options: dict, expected: list[str]) -> None:
     settings.PGTASKS = {**settings.PGTASKS, **options}
     assert [e.id for e in check_metrics()] == [f"django_pgtasks.{i}" for i in expected]
+
+
+@pytest.mark.parametrize("level", ["DEBUG", "INFO", "WARNING", 15, None])
+def test_a_task_log_level_may_be_a_name_a_number_or_none(settings: Any, level: Any) -> None:
+    settings.PGTASKS = {"TASK_LOG_LEVEL": level}
+    assert "django_pgtasks.E026" not in ids(check_settings())
