@@ -88,14 +88,14 @@ def test_a_task_woken_before_its_sleep_ends_sleeps_on_until_the_kept_time() -> N
 
 
 def test_sleep_until_keeps_the_time_of_the_first_run() -> None:
-    task = Task.objects.enqueue(waiting.sleeps_until_later, 0.3)
+    task = Task.objects.enqueue(waiting.sleeps_until_later, 1.0)
     drain()
     task.refresh_from_db()
     first = task.run_after
     wait_until(lambda: due(task))
     drain()
     task.refresh_from_db()
-    # The second run asked for a later time (now + 0.3 s) but woke at the first one: done.
+    # The second run asked for a later time (now + 1 s) but woke at the first one: done.
     assert (task.status, task.result, task.claims) == (Status.SUCCESSFUL, "after", 2)
     assert task.steps[0]["result"]["until"] == first.isoformat()
 
@@ -425,7 +425,7 @@ def test_a_tasks_log_is_bounded_and_clean(settings) -> None:
     task = run_task(Task.objects.enqueue(waiting.logs_a_lot, 25))
     assert task.status == Status.SUCCESSFUL
     assert [e["message"] for e in task.log] == [
-        f"record {i} x\\x00y\\ud800" for i in range(15, 25)]
+        f"record {i} x\\x00y" for i in range(15, 25)]
 
 
 def test_a_task_that_reports_nothing_writes_nothing() -> None:

@@ -128,3 +128,22 @@ def test_the_entries_of_sleeps_and_waits_have_reserved_names() -> None:
     for name in names:
         with pytest.raises(StepError):
             steps.check_name(name)
+
+
+def test_a_log_message_is_cleaned_and_bounded_for_postgresql() -> None:
+    from django_pgtasks.definition.run_report import MAX_MESSAGE, clean_text
+
+    assert clean_text("a\x00b\ud800c") == "a\\x00b\\ud800c"
+    long = clean_text("x" * (MAX_MESSAGE + 50))
+    assert len(long) == MAX_MESSAGE and long.endswith("…")
+
+
+@pytest.mark.parametrize(("done", "total"), [(-1, None), (1, 0), (float("nan"), 2),
+                                             (True, 2), ("1", 2), (1, float("inf"))])
+def test_a_bad_progress_is_refused(done: Any, total: Any) -> None:
+    from django_pgtasks.definition.run_report import RunReport, set_progress
+
+    report = RunReport()
+    with pytest.raises(ValueError, match="progress\\(\\) takes"):
+        set_progress(report, done, total, "")
+    assert report.progress is None
