@@ -21,7 +21,7 @@ from django_pgtasks.definition.framework import (
     task_started,
 )
 from django_pgtasks.definition.handlers import TaskContext as Context
-from django_pgtasks.definition.handlers import await_handler
+from django_pgtasks.definition.handlers import areported, await_handler, reported
 from django_pgtasks.definition.payload import normalize_result
 from django_pgtasks.definition.registry import TaskHandler
 from django_pgtasks.exceptions import (
@@ -120,13 +120,14 @@ class DjangoTaskHandler(TaskHandler):
     def call(self, task: TaskRow, worker_id: str) -> Any:
         """Run the Django task with the row's arguments; return its value as plain JSON."""
         run, args = self._run_and_arguments(task, worker_id)
-        return _storable(run.task.call(*args, **task.kwargs))
+        return _storable(reported(task, run.task.call, *args, **task.kwargs))
 
     async def acall(self, task: TaskRow, worker_id: str) -> Any:
         """:meth:`call` of an ``async def`` Django task on the running event loop (the async
         pool's), cancelled once the row's cancellation is signalled."""
         run, args = self._run_and_arguments(task, worker_id)
-        return _storable(await await_handler(run.task.acall(*args, **task.kwargs), task, None))
+        return _storable(await areported(
+            task, await_handler(run.task.acall(*args, **task.kwargs), task, None)))
 
     def _run_and_arguments(self, task: TaskRow, worker_id: str) -> tuple[_Run, list[Any]]:
         """The row's run (made by ``started()``, else now) and the positional arguments."""
@@ -199,6 +200,17 @@ class DurableTaskContext(TaskContext):
 
     async def await_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
         return await self.durable.await_event(key, timeout)
+
+    def progress(self, done: float, total: float | None = None, message: str = "") -> None:
+        self.durable.progress(done, total, message)
+
+    async def aprogress(self, done: float, total: float | None = None,
+                        message: str = "") -> None:
+        await self.durable.aprogress(done, total, message)
+
+    @property
+    def logger(self) -> logging.LoggerAdapter:
+        return self.durable.logger
 
     @property
     def cancelled(self) -> bool:

@@ -196,9 +196,25 @@ class TaskContext:
 
         await sync_to_async(self.sleep_until, thread_sensitive=True)(when)
 
+    def _outside_transactions(self, what: str) -> None:
+        """Raise :class:`~django_pgtasks.exceptions.StepError` if a transaction is open on
+        the task's database: the run ends at a durable sleep or wait, and the exception that
+        ends it would roll back what the sleep or wait kept (and an atomic handler's
+        writes)."""
+        from django.db import connections
+
+        from django_pgtasks.exceptions import StepError
+
+        if connections[_tasks().task_database(self.task)].in_atomic_block:
+            raise StepError(f"{what} cannot run inside a transaction (an atomic handler, "
+                            f"transaction.atomic(), an atomic step): the run ends there, "
+                            f"and the transaction would be rolled back.")
+
     def _sleep(self, seconds: float | None, until: datetime | None) -> None:
         from django_pgtasks.definition import events
         from django_pgtasks.exceptions import Suspend
+
+        self._outside_transactions("A durable sleep")
 
         state = self._steps
         state.sleeps += 1
@@ -232,6 +248,7 @@ class TaskContext:
 
         key = events.check_key(key)
         limit = None if timeout is None else seconds_within_a_year(timeout, "wait_for_event()")
+        self._outside_transactions("A wait for an event")
         done, payload = self._replayed(events.received(key), own=True)
         if done:
             return payload
@@ -581,18 +598,11 @@ class TaskHandler:
         """
         from asgiref.sync import async_to_sync
 
-        from django_pgtasks.definition import run_report
-
         args = self._arguments(task, worker_id)
-        with run_report.reporting() as report:
-            try:
-                if self.is_async:
-                    result = async_to_sync(self._awaited)(task, args)
-                else:
-                    result = self.func(*args, **task.kwargs)
-            finally:
-                if report.pending:
-                    _write_last_report(task, report)
+        if self.is_async:
+            result = reported(task, async_to_sync(self._awaited), task, args)
+        else:
+            result = reported(task, self.func, *args, **task.kwargs)
         return storable_result(result)
 
     async def acall(self, task: TaskRow, worker_id: str) -> Any:
@@ -601,18 +611,8 @@ class TaskHandler:
         (:class:`~django_pgtasks.exceptions.TaskTimeoutError`) or once the task's cancellation
         is signalled (:class:`~django_pgtasks.exceptions.TaskCancelled`); see
         :func:`await_handler`. Only for handlers whose :attr:`is_async` is true."""
-        from asgiref.sync import sync_to_async
-
-        from django_pgtasks.definition import run_report
-
         args = self._arguments(task, worker_id)
-        with run_report.reporting() as report:
-            try:
-                result = await self._awaited(task, args)
-            finally:
-                if report.pending:
-                    await sync_to_async(_write_last_report, thread_sensitive=True)(task, report)
-        return storable_result(result)
+        return storable_result(await areported(task, self._awaited(task, args)))
 
     async def _awaited(self, task: TaskRow, args: list[Any]) -> Any:
         return await await_handler(self.func(*args, **task.kwargs), task, self.timeout)
@@ -660,6 +660,35 @@ class TaskHandler:
     def build(self, *args: Any, **kwargs: Any) -> TaskRow:
         """An unsaved, validated task for :meth:`TaskManager.enqueue_many`."""
         return _tasks().build(self, *args, **kwargs)
+
+
+def reported(task: TaskRow, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``func(*args, **kwargs)``, the run of ``task``, with what it reports (its progress
+    and log records, :mod:`django_pgtasks.definition.run_report`) collected and written
+    as it ends."""
+    from django_pgtasks.definition import run_report
+
+    with run_report.reporting() as report:
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if report.pending:
+                _write_last_report(task, report)
+
+
+async def areported(task: TaskRow, awaitable: Awaitable[Any]) -> Any:
+    """:func:`reported` for a run on the event loop: the last write on the database
+    thread."""
+    from asgiref.sync import sync_to_async
+
+    from django_pgtasks.definition import run_report
+
+    with run_report.reporting() as report:
+        try:
+            return await awaitable
+        finally:
+            if report.pending:
+                await sync_to_async(_write_last_report, thread_sensitive=True)(task, report)
 
 
 def _write_last_report(task: TaskRow, report: Any) -> None:

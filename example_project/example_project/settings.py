@@ -159,6 +159,11 @@ PGTASKS = {
     # Seconds a worker keeps its choice between the plain claim and the one that enforces
     # concurrency keys and rate limits (queue pauses apply at once regardless).
     "CONTROLS_REFRESH": 1.0,
+    # Log records a running task keeps with its row (context.logger and the project's
+    # loggers during the run): this level and above; None keeps none.
+    "TASK_LOG_LEVEL": "INFO",
+    # Log entries kept per task (the oldest dropped first).
+    "TASK_LOG_LENGTH": 100,
     # Seconds paused between two tasks in one worker thread (0 = none).
     "TASK_PAUSE": 0.0,
     # Seconds paused after a database error; doubles on each further error.
@@ -191,6 +196,8 @@ PGTASKS = {
     "ARCHIVE": False,
     # Archived tasks are deleted this long after they were archived (None keeps them forever).
     "ARCHIVE_RETENTION": timedelta(days=90),
+    # Events (Task.objects.send_event()) are deleted this long after they were sent.
+    "EVENT_RETENTION": timedelta(days=30),
     # Seconds between two purge turns in each worker (0 or None turns the purge off).
     "PURGE_INTERVAL": 300.0,
     # Rows deleted or archived per purge batch, each batch its own short transaction.

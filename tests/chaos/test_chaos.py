@@ -16,6 +16,9 @@ Every execution is logged by the handler in ``testapp.Execution``.
   ``statement_timeout = 1s`` on every session of the database: the parent's end releases N
   children in bounded batches, the callback is released once, every task runs exactly once
   (N is ``PGTASKS_CHAOS_WORKFLOW_MEMBERS``, 5,000 by default; 100,000 by hand);
+- steps: tasks of 10 atomic steps (``ctx.step(..., atomic=True)``; 300 tasks by default,
+  ``PGTASKS_CHAOS_STEP_TASKS=1000`` by hand): every step's write exactly once, whatever run
+  of its task did it, and every task SUCCESSFUL;
 - one attempt (``max_attempts=1``, native and through Django's ``@task``, whose default is one
   attempt): a killed worker interrupts its runs, which spends no attempt, so every task still
   ends SUCCESSFUL; one task in a hundred returns a value PostgreSQL cannot store and must end
@@ -44,7 +47,7 @@ from tests.helpers import (
     terminate_worker_backends,
     wait_until,
 )
-from tests.testapp import lifecycle, tasks
+from tests.testapp import durable, lifecycle, tasks
 from tests.testapp.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -54,6 +57,9 @@ N_TASKS = 5_000
 N_SMALL = 2_000
 #: Members of the workflow mode's group.
 N_WORKFLOW = int(os.environ.get("PGTASKS_CHAOS_WORKFLOW_MEMBERS", "5000"))
+#: Tasks of the steps mode, and the atomic steps of each.
+N_STEP_TASKS = int(os.environ.get("PGTASKS_CHAOS_STEP_TASKS", "300"))
+STEPS = 10
 WORKERS = 4
 #: A worker is killed as the successes pass each of these fractions of the tasks.
 KILL_AT = tuple(i / 10 for i in range(1, 10))
@@ -96,6 +102,10 @@ def enqueue(mode: str) -> tuple[int, set[int]]:
               group([tasks.chaos_exactly_once.build() for _ in range(N_WORKFLOW)],
                     then=tasks.wf_count_once.build())).enqueue()
         return N_WORKFLOW + 2, set()
+    if mode == "steps":
+        Task.objects.enqueue_many(durable.many_atomic_steps.build(STEPS)
+                                  for _ in range(N_STEP_TASKS))
+        return N_STEP_TASKS, set()
     handler = {"exactly_once": tasks.chaos_exactly_once,
                "at_least_once": tasks.chaos_at_least_once}[mode]
     Task.objects.enqueue_many(handler.build() for _ in range(N_TASKS))
@@ -104,7 +114,7 @@ def enqueue(mode: str) -> tuple[int, set[int]]:
 
 @pytest.mark.timeout(TIME_LIMIT + 120)
 @pytest.mark.parametrize("mode", ["exactly_once", "at_least_once", "one_attempt",
-                                  "django_one_attempt", "workflow"])
+                                  "django_one_attempt", "workflow", "steps"])
 def test_chaos_nothing_lost_and_exactly_once_where_promised(mode: str, start_command) -> None:
     timeout = (database_statement_timeout("1s") if mode == "workflow"
                else contextlib.nullcontext())
@@ -184,16 +194,21 @@ def chaos(mode: str, start_command) -> None:
     assert all("UnstorableResultError" in text
                for text in Task.objects.failed().values_list("error_text", flat=True))
     assert not Task.objects.filter(locked_at__isnull=False).exists()
+    if mode == "steps":  # every step of every task took effect exactly once
+        per_step = Execution.objects.values_list("task_id", "worker").annotate(n=Count("id"))
+        assert len(per_step) == n_tasks * STEPS
+        assert {n for _task, _step, n in per_step} == {1}
+        Execution.objects.exclude(worker="s0").delete()  # one row per task from here on
     runs = dict(Execution.objects.values_list("task_id").annotate(n=Count("id")))
     assert len(runs) == n_tasks  # every task ran
     interrupted = Task.objects.filter(interruptions__gt=0).count()
     duplicates = {task_id for task_id, n in runs.items() if n > 1}
-    if mode in ("exactly_once", "workflow"):
+    if mode in ("exactly_once", "workflow", "steps"):
         assert not duplicates
     if mode == "workflow":  # the callback saw every member succeed, once
         callback = Task.objects.get(name=tasks.wf_count_once.name)
         assert callback.result == {"SUCCESSFUL": N_WORKFLOW}
-    elif mode != "django_one_attempt":  # (Django's context names no worker)
+    elif mode not in ("django_one_attempt", "steps"):  # (their rows name no worker)
         # A task runs again only if a run of it was cut short by a killed worker.
         suspects = set(Execution.objects.filter(task_id__in=duplicates)
                        .exclude(worker__in=killed).values_list("task_id", flat=True))

@@ -40,3 +40,8 @@ def test_a_django_task_keeps_its_steps_sleeps_and_waits_durably() -> None:
     assert result.return_value == {"record": record, "payload": {"ok": 1},
                                    "result_id": result.id}
     assert result.attempts == 1
+    # Its progress and log records, through Django's context too (the code between its
+    # steps ran in each of its three runs).
+    row.refresh_from_db()
+    assert (row.progress["done"], row.progress["message"]) == (1, "recorded")
+    assert [e["message"] for e in row.log] == [f"recorded {record}"] * 3

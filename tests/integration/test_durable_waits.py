@@ -544,3 +544,13 @@ def test_a_send_finds_its_waiting_tasks_by_index_among_many_rows() -> None:
     assert "awaited_event_idx" in plan, plan
     assert "Seq Scan on pgtasks_task" not in plan, plan
     assert "Rows Removed by Filter" not in plan, plan
+
+
+@pytest.mark.parametrize("handler", ["sleeps_in_an_atomic_handler", "waits_in_a_transaction"])
+def test_a_sleep_or_wait_inside_a_transaction_fails_the_task_at_once(handler: str) -> None:
+    """The run would end inside the transaction, whose rollback would take what the sleep
+    or wait kept: refused, rather than a task that sleeps or waits again on every run."""
+    task = run_task(Task.objects.enqueue(getattr(waiting, handler)))
+    assert task.status == Status.FAILED
+    assert "cannot run inside a transaction" in task.error_text
+    assert (task.steps, task.awaited_event) == ([], None)

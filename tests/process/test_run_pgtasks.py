@@ -218,16 +218,17 @@ def test_forked_worker_processes_with_a_connection_pool_run_each_task_once(
 
 
 def test_a_worker_process_runs_every_side_job(subprocess_env) -> None:
-    """Rescue, purge and scheduler register when their modules are imported: a fresh process
-    that loads the worker (as run_pgtasks does) must have all three, not only those some
-    other import happened to load."""
+    """Rescue, purge (of tasks and of events), partitions and scheduler register when their
+    modules are imported: a fresh process that loads the worker (as run_pgtasks does) must
+    have them all, not only those some other import happened to load."""
     code = ("import django; django.setup(); import django_pgtasks.worker.loop; "
             "from django_pgtasks.definition import maintenance_jobs as maintenance; "
             "print(sorted(job.name for job in maintenance.jobs()))")
     process = subprocess.run([sys.executable, "-c", code], env=subprocess_env,
                              capture_output=True, text=True, timeout=120)
     assert process.returncode == 0, process.stderr
-    assert process.stdout.strip() == "['partitions', 'purge', 'rescue', 'scheduler']"
+    assert process.stdout.strip() == (
+        "['expire events', 'partitions', 'purge', 'rescue', 'scheduler']")
 
 
 

@@ -210,6 +210,8 @@ def durable_through_djangos_context(context, key: str) -> Any:
     """A step, a durable sleep and a wait, through the context Django's API passes."""
     first = context.step("record", lambda: Execution.objects.create(
         task_id=0, attempt=context.attempt, worker=f"dj-{key}").pk)
+    context.logger.info("recorded %s", first)
+    context.progress(1, 2, "recorded")
     context.sleep(0.2)
     return {"record": first, "payload": context.wait_for_event(key),
             "result_id": context.task_result.id}

@@ -134,3 +134,16 @@ def reports_until_cancelled(ctx: TaskContext) -> None:
         done += 1
         ctx.progress(done, None, "still going")
     ctx.raise_if_cancelled()
+
+
+@pgtask(context=True, max_attempts=1, atomic=True)
+def sleeps_in_an_atomic_handler(ctx: TaskContext) -> None:
+    ctx.sleep(60)
+
+
+@pgtask(context=True, max_attempts=1)
+def waits_in_a_transaction(ctx: TaskContext) -> None:
+    from django.db import transaction
+
+    with transaction.atomic():
+        ctx.wait_for_event("in-a-transaction")
