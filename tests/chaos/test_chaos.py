@@ -17,7 +17,8 @@ Every execution is logged by the handler in ``testapp.Execution``.
   children in bounded batches, the callback is released once, every task runs exactly once
   (N is ``PGTASKS_CHAOS_WORKFLOW_MEMBERS``, 5,000 by default; 100,000 by hand);
 - steps: tasks of 10 atomic steps (``ctx.step(..., atomic=True)``; 300 tasks by default,
-  ``PGTASKS_CHAOS_STEP_TASKS=1000`` by hand): every step's write exactly once, whatever run
+  ``PGTASKS_CHAOS_STEP_TASKS=1000 PGTASKS_CHAOS_KILLS=30`` by hand, about a kill a second on
+  2 cores): every step's write exactly once, whatever run
   of its task did it, and every task SUCCESSFUL;
 - one attempt (``max_attempts=1``, native and through Django's ``@task``, whose default is one
   attempt): a killed worker interrupts its runs, which spends no attempt, so every task still
@@ -61,8 +62,10 @@ N_WORKFLOW = int(os.environ.get("PGTASKS_CHAOS_WORKFLOW_MEMBERS", "5000"))
 N_STEP_TASKS = int(os.environ.get("PGTASKS_CHAOS_STEP_TASKS", "300"))
 STEPS = 10
 WORKERS = 4
-#: A worker is killed as the successes pass each of these fractions of the tasks.
-KILL_AT = tuple(i / 10 for i in range(1, 10))
+#: A worker is killed as the successes pass each of these fractions of the tasks (9 kills,
+#: or ``PGTASKS_CHAOS_KILLS``).
+KILLS = int(os.environ.get("PGTASKS_CHAOS_KILLS", "9"))
+KILL_AT = tuple(i / (KILLS + 1) for i in range(1, KILLS + 1))
 TIME_LIMIT = int(os.environ.get("PGTASKS_CHAOS_TIME_LIMIT", "400"))
 
 
