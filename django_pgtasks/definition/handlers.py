@@ -212,15 +212,17 @@ class TaskContext:
 
     def _sleep(self, seconds: float | None, until: datetime | None) -> None:
         from django_pgtasks.definition import events
+        from django_pgtasks.definition import steps as rules
         from django_pgtasks.exceptions import Suspend
 
         self._outside_transactions("A durable sleep")
-
         state = self._steps
         state.sleeps += 1
         name = events.slept(state.sleeps)
         done, kept = self._replayed(name, own=True)
         if not done:
+            assert state.kept is not None  # set by _replayed()
+            rules.check_count(len(state.kept), name)
             entry = _tasks().keep_sleep(self.task, name, seconds, until)
             self._kept(entry)
             if _instant(entry["result"]["until"]) <= _instant(entry["at"]):

@@ -87,6 +87,14 @@ def results_bytes(steps: Any) -> int:
                for entry in steps if isinstance(entry, dict))
 
 
+def check_count(count: int, name: str) -> None:
+    """:class:`~django_pgtasks.exceptions.StepError` if a task that keeps ``count`` entries
+    (steps, sleeps, waits) may not keep one more, ``name``."""
+    if count >= MAX_STEPS:
+        raise StepError(f"A task keeps at most {MAX_STEPS} steps, sleeps and waits; "
+                        f"{name!r} would be one more. Split the work into more tasks.")
+
+
 def stored_result(value: Any, name: str, count: int, used: int) -> str:
     """The JSON text a step ``name`` that returned ``value`` keeps, beside ``count`` steps
     kept already whose results take ``used`` bytes; else
@@ -94,9 +102,7 @@ def stored_result(value: Any, name: str, count: int, used: int) -> str:
     stores unchanged, more than ``PGTASKS["MAX_RESULT_BYTES"]``, or more than
     :func:`steps_bytes_limit` with the other steps' results) or
     :class:`~django_pgtasks.exceptions.StepError` (a step past :data:`MAX_STEPS`)."""
-    if count >= MAX_STEPS:
-        raise StepError(f"A task keeps at most {MAX_STEPS} steps; step {name!r} would be one "
-                        f"more. Split the work into more tasks.")
+    check_count(count, name)
     try:
         _clean, text = result_json(value, f"The result of step {name!r}")
     except InvalidPayloadError as exc:

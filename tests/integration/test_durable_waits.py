@@ -554,3 +554,14 @@ def test_a_sleep_or_wait_inside_a_transaction_fails_the_task_at_once(handler: st
     assert task.status == Status.FAILED
     assert "cannot run inside a transaction" in task.error_text
     assert (task.steps, task.awaited_event) == ([], None)
+
+
+def test_sleeps_count_among_the_entries_a_task_keeps() -> None:
+    """A handler that sleeps in a loop cannot grow its row without bound."""
+    task = Task.objects.enqueue(waiting.sleeps_once, 60)
+    Task.objects.filter(pk=task.pk).update(
+        steps=[{"name": f"s{i}", "result": None} for i in range(1000)])
+    task = run_task(task)
+    assert task.status == Status.FAILED
+    assert "A task keeps at most 1000 steps, sleeps and waits; '@sleep 1'" in task.error_text
+    assert len(task.steps) == 1000
