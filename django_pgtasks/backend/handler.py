@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -200,6 +200,14 @@ class DurableTaskContext(TaskContext):
 
     async def await_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
         return await self.durable.await_event(key, timeout)
+
+    def run_tasks(self, name: str, tasks: Iterable[Any],
+                  timeout: float | timedelta | None = None) -> dict[str, Any]:
+        return self.durable.run_tasks(name, tasks, timeout)
+
+    async def arun_tasks(self, name: str, tasks: Iterable[Any],
+                         timeout: float | timedelta | None = None) -> dict[str, Any]:
+        return await self.durable.arun_tasks(name, tasks, timeout)
 
     def progress(self, done: float, total: float | None = None, message: str = "") -> None:
         self.durable.progress(done, total, message)

@@ -8,6 +8,7 @@ task's ``steps`` as entries of reserved names (:data:`~.steps.RESERVED`).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from django_pgtasks.definition.payload import result_json
@@ -52,3 +53,10 @@ def deadline(key: str) -> str:
 def slept(number: int) -> str:
     """The name of the entry of a run's ``number``-th durable sleep (``{"until": <time>}``)."""
     return f"{RESERVED}sleep {number}"
+
+
+def children(task_id: int, name: str) -> str:
+    """The key of the event that tells task ``task_id`` that the tasks of its
+    ``run_tasks(name, ...)`` have all ended."""
+    digest = hashlib.sha1(name.encode("utf-8"), usedforsecurity=False).hexdigest()[:16]
+    return f"pgtasks:tasks:{task_id}:{digest}"

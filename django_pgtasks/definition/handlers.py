@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from django_pgtasks.definition.task_row import TaskRow
 
 MAX_NAME_LENGTH = 255
+#: The callback of the tasks of ``TaskContext.run_tasks()`` (imported by its name where it
+#: is enqueued and where it runs).
+CHILDREN_ENDED = "django_pgtasks.definition.builtin_tasks.children_ended"
 #: Shapes of calls (positional count, keyword names) whose fit a handler remembers.
 SHAPES_KEPT = 64
 
@@ -276,6 +279,46 @@ class TaskContext:
         if expired:
             raise EventTimeout(key, limit)
         raise Suspend(until, key)
+
+    def run_tasks(self, name: str, tasks: Iterable[TaskRow],
+                  timeout: float | timedelta | None = None) -> dict[str, Any]:
+        """Enqueue ``tasks`` (unsaved, from ``handler.build(...)``) once, as the atomic step
+        ``name``, and wait durably until every one of them has ended, holding no thread (as
+        :meth:`wait_for_event`); return ``{"ids": [their ids], "ended": {state: count}}``.
+
+        They run as a group on their own queues, with a callback (on this task's queue)
+        that sends the event this task waits for, once they have all ended whatever their
+        outcomes; read how each ended with ``Task.objects.filter(pk__in=result["ids"])``.
+        Later runs of this task enqueue nothing more and get the same result. ``timeout``:
+        as for :meth:`wait_for_event` (``EventTimeout``)."""
+        import uuid
+
+        from django_pgtasks.definition import events
+
+        key = events.children(self.task_id, name)
+        manager = _tasks()
+
+        def enqueue(members: list[TaskRow]) -> list[int]:
+            if not members:
+                return []
+            callback = manager.build(CHILDREN_ENDED, key, queue=self.task.queue)
+            manager.enqueue_linked(
+                [*members, callback], [*([] for _ in members), members],
+                on_parent_failure=[*("skip" for _ in members), "run"],
+                workflow_id=uuid.uuid4(), using=manager.task_database(self.task))
+            return [member.pk for member in members]
+
+        ids = self.step(name, enqueue, list(tasks), atomic=True)
+        if not ids:
+            return {"ids": [], "ended": {}}
+        return {"ids": ids, "ended": self.wait_for_event(key, timeout)}
+
+    async def arun_tasks(self, name: str, tasks: Iterable[TaskRow],
+                         timeout: float | timedelta | None = None) -> dict[str, Any]:
+        """:meth:`run_tasks` for ``async def`` handlers."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.run_tasks, thread_sensitive=True)(name, tasks, timeout)
 
     async def await_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
         """:meth:`wait_for_event` for ``async def`` handlers."""

@@ -63,6 +63,17 @@ PARENTS_SQL = """
 """
 
 
+# How many parents of a task ended in each state (as PARENTS_SQL reads them, without their
+# results).
+PARENT_COUNTS_SQL = """
+    SELECT coalesce(t.status, a.status, d.parent_status, 'DELETED'), count(*)
+    FROM (SELECT * FROM pgtasks_dependency WHERE child_id = %s OFFSET 0) d
+    LEFT JOIN pgtasks_task t ON t.id = d.parent_id
+    LEFT JOIN pgtasks_task_archive a ON t.id IS NULL AND a.id = d.parent_id
+    GROUP BY 1
+"""
+
+
 @dataclass(frozen=True)
 class Link:
     """One task of a workflow, saved, and the ids of the tasks it waits for."""
@@ -205,3 +216,10 @@ def parent_outcomes(using: str, task_id: int) -> list[ParentOutcome]:
         return [ParentOutcome(pk, name, status, None if result is None else json.loads(result),
                               error_text)
                 for pk, name, status, result, error_text in cursor.fetchall()]
+
+
+def parent_counts(using: str, task_id: int) -> dict[str, int]:
+    """How many parents of task ``task_id`` ended in each state."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(PARENT_COUNTS_SQL, [task_id])
+        return {status: count for status, count in cursor.fetchall()}

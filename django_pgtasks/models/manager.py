@@ -391,6 +391,10 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
         text = rules.payload_json(payload)
         return len(events.send(key, text, using or self.db))
 
+    def parent_counts(self, task: TaskRow) -> dict[str, int]:
+        """How many of the tasks ``task`` depends on ended in each state."""
+        return dependencies.parent_counts(self._task_db(task, None), task.pk)
+
     def parent_outcomes(
         self, task: TaskRow | int, using: str | None = None
     ) -> list[dependencies.ParentOutcome]:

@@ -565,3 +565,51 @@ def test_sleeps_count_among_the_entries_a_task_keeps() -> None:
     assert task.status == Status.FAILED
     assert "A task keeps at most 1000 steps, sleeps and waits; '@sleep 1'" in task.error_text
     assert len(task.steps) == 1000
+
+
+# -- children --------------------------------------------------------------------------------
+
+
+def test_a_task_runs_children_and_waits_for_them_holding_no_thread() -> None:
+    parent = Task.objects.enqueue(waiting.fans_out, 50, fail_after=True)
+    drain(concurrency=2)
+    parent.refresh_from_db()
+    # Children, then the callback, ran; the callback's event woke the parent, whose retry
+    # (it failed on purpose after the wait) enqueued nothing more.
+    assert (parent.status, parent.attempt) == (Status.SUCCESSFUL, 2)
+    assert parent.result == {"SUCCESSFUL": 42, "FAILED": 8}
+    children = Task.objects.filter(name=waiting.child.name)
+    assert children.count() == 50
+    assert effects(parent) == {"before": 1}
+    kept = {s["name"]: s["result"] for s in parent.steps}
+    assert sorted(kept["children"]) == sorted(children.values_list("pk", flat=True))
+    callback = Task.objects.get(name="django_pgtasks.definition.builtin_tasks.children_ended")
+    assert (callback.status, callback.result) == (Status.SUCCESSFUL, parent.result)
+
+
+def test_a_parent_waiting_for_its_children_is_suspended_until_the_last_one_ends() -> None:
+    parent = Task.objects.enqueue(waiting.fans_out, 3)
+    run_task(parent)
+    parent.refresh_from_db()
+    assert (parent.status, parent.awaited_event) == (Status.READY, waiting_key(parent))
+    children = list(Task.objects.filter(name=waiting.child.name).order_by("pk"))
+    for child in children[:2]:
+        run_task(child)
+    assert not due(parent)
+    run_task(children[2])
+    release_all()  # the callback, released by the last child's end
+    run_task(Task.objects.get(name__endswith="children_ended"))
+    assert due(parent)
+    assert run_task(parent).result == {"SUCCESSFUL": 2, "FAILED": 1}
+
+
+def waiting_key(task: Task) -> str:
+    from django_pgtasks.definition import events as rules
+
+    return rules.children(task.pk, "children")
+
+
+def release_all() -> None:
+    from django_pgtasks.lifecycle import release
+
+    release.release_all("default")

@@ -147,3 +147,22 @@ def waits_in_a_transaction(ctx: TaskContext) -> None:
 
     with transaction.atomic():
         ctx.wait_for_event("in-a-transaction")
+
+
+@pgtask(max_attempts=1)
+def child(i: int) -> int:
+    """A child of a fan-out: every seventh fails."""
+    if i % 7 == 0:
+        raise RuntimeError(f"child {i} fails")
+    return i
+
+
+@pgtask(context=True, max_attempts=2, backoff=lambda attempt: 0.0)
+def fans_out(ctx: TaskContext, n: int, fail_after: bool = False) -> dict:
+    """Runs ``n`` children and waits for them without holding a thread; the first attempt
+    fails after the wait if ``fail_after`` (a retry must not enqueue them again)."""
+    ctx.step("before", effect, ctx, "before")
+    outcome = ctx.run_tasks("children", (child.build(i) for i in range(n)))
+    if fail_after and ctx.attempt == 1:
+        raise RuntimeError("fails after its children")
+    return outcome["ended"]
