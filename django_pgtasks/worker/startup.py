@@ -112,6 +112,17 @@ def worker_groups(worker_options: dict[str, Any], database: str | None,
     return groups or [worker_options]
 
 
+def dump_threads(signum: int, frame: Any) -> None:
+    """Print every thread's stack to stderr (the handler of SIGUSR1).
+
+    A Python handler, run by the main thread between two bytecodes: it holds the GIL while
+    it walks the stacks, so no other thread changes its frames meanwhile. (A C-level
+    handler, ``faulthandler.register``, runs in whatever thread the signal lands on, while
+    the others go on running Python code, and its walk of their frames can crash the
+    process.)"""
+    faulthandler.dump_traceback(all_threads=True)
+
+
 def run(groups: list[dict[str, Any]], processes: int, log_level: str) -> int:
     """Run the workers of ``groups`` (``processes`` per database) until they stop; return the
     exit code. One group of one process runs in this process; more run under a supervisor."""
@@ -119,7 +130,7 @@ def run(groups: list[dict[str, Any]], processes: int, log_level: str) -> int:
     # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck worker is doing,
     # without stopping it (the supervisor's children inherit it).
     if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        signal.signal(signal.SIGUSR1, dump_threads)
     # Name the worker's database sessions (libpq reads PGAPPNAME) so that operators can
     # tell them apart in pg_stat_activity.
     os.environ.setdefault("PGAPPNAME", WORKER_APPLICATION_NAME)

@@ -97,7 +97,7 @@ def test_sleep_until_keeps_the_time_of_the_first_run() -> None:
     task.refresh_from_db()
     # The second run asked for a later time (now + 1 s) but woke at the first one: done.
     assert (task.status, task.result, task.claims) == (Status.SUCCESSFUL, "after", 2)
-    assert task.steps[0]["result"]["until"] == first.isoformat()
+    assert timezone.datetime.fromisoformat(task.steps[0]["result"]["until"]) == first
 
 
 def test_a_sleep_that_ends_in_the_past_does_not_suspend() -> None:
