@@ -3,9 +3,10 @@
 A 1,000-member group (each member holds its worker 50 ms) and a diamond (a, then b and c,
 then d) are enqueued in one transaction while eight workers wait. Each time the members'
 successes pass another fifth (three times), a worker that is running tasks is killed with
-SIGKILL and a replacement started. Nothing may be lost: every member and step ends SUCCESSFUL (a killed
-run is rescued and runs again), the group's callback is released once and its log row,
-which commits with its outcome, exists exactly once; the diamond ran in order.
+SIGKILL and a replacement started. Nothing may be lost: every member and step ends
+SUCCESSFUL (a killed run is rescued and runs again), the group's callback is released once
+and its log row, which commits with its outcome, exists exactly once; the diamond ran in
+order.
 """
 
 from __future__ import annotations
