@@ -13,7 +13,8 @@ and keys, and counts its rows only up to :data:`COUNT_LIMIT`. A task's page is r
 except its priority while it still waits to run; the page of a task of a workflow, or of one
 that others wait for, shows the workflow, the tasks it waits for and those waiting for it.
 Bulk actions retry, cancel or re-prioritize tasks after a confirmation page, and the
-dashboard requeues a whole error group.
+dashboard requeues a whole error group. The **events** sent to durable tasks are listed
+(read-only, deletable).
 
 Every change made here goes through the guarded statements the rest of the app uses
 (``retry_now()``, ``cancel()``, ``set_priority()``). The admin never saves a whole task row: a
@@ -24,7 +25,7 @@ With queues on several databases (:mod:`django_pgtasks.definition.routing`), eve
 ``database`` query parameter naming the alias to show; it defaults to ``PGTASKS["DATABASE"]``.
 """
 
-from django_pgtasks.admin import controls, index_entry, schedules, tasks
+from django_pgtasks.admin import controls, events, index_entry, schedules, tasks
 from django_pgtasks.admin.common import COUNT_LIMIT
 from django_pgtasks.admin.filters import ErrorGroupFilter, NameFilter, QueueFilter, WorkflowFilter
 from django_pgtasks.admin.schedules import ScheduleAdmin
@@ -33,6 +34,6 @@ from django_pgtasks.monitoring.dashboard import error_group_expression
 
 __all__ = [
     "COUNT_LIMIT", "ErrorGroupFilter", "NameFilter", "QueueFilter", "ScheduleAdmin",
-    "TaskAdmin", "WorkflowFilter", "controls", "error_group_expression", "index_entry",
+    "TaskAdmin", "WorkflowFilter", "controls", "error_group_expression", "events", "index_entry",
     "schedules", "tasks",
 ]

@@ -613,3 +613,17 @@ def release_all() -> None:
     from django_pgtasks.lifecycle import release
 
     release.release_all("default")
+
+
+def test_the_admin_lists_the_events_and_the_tasks_waiting_for_them(admin_client) -> None:
+    Task.objects.send_event("shown", {"amount": 12})
+    Task.objects.enqueue(waiting.waits_for_event, "not-yet")
+    drain()
+    Event.objects.create(key="not-yet", payload=None)  # as if sent without waking anyone
+    page = admin_client.get(reverse("admin:django_pgtasks_event_changelist")).content.decode()
+    assert "shown" in page
+    assert "{&quot;amount&quot;: 12}" in page
+    assert '<td class="field-waiting">1</td>' in page  # the task that waits for "not-yet"
+    detail = admin_client.get(reverse("admin:django_pgtasks_event_change", args=["shown"]))
+    assert detail.status_code == 200
+    assert admin_client.get(reverse("admin:django_pgtasks_event_add")).status_code == 403
