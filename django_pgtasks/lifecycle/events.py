@@ -65,6 +65,13 @@ WAIT_SQL = """
 """
 
 
+# A wait that timed out: the running task no longer waits (its flag cleared).
+UNFLAG_SQL = """
+    UPDATE pgtasks_task SET awaited_event = NULL
+    WHERE id = %(id)s AND status = 'RUNNING' AND locked_by = %(worker)s AND claims = %(claims)s
+"""
+
+
 def send(key: str, payload_json: str, using: str) -> list[int]:
     """Send the event ``key`` with ``payload_json`` (its payload as JSON text) in the current
     transaction (or one of its own); return the ids of the tasks it woke."""
@@ -74,7 +81,7 @@ def send(key: str, payload_json: str, using: str) -> list[int]:
         return [row[0] for row in cursor.fetchall()]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Check:
     """What a wait found: the event sent (and its payload), or its task flagged."""
 
@@ -83,6 +90,8 @@ class Check:
     flagged: bool
     #: The database clock when it looked.
     now: datetime
+    #: Set by the wait when its deadline has passed: the flag is cleared as the check ends.
+    timed_out: bool = False
 
 
 def check(task: Any, key: str, using: str) -> Check:
@@ -114,3 +123,11 @@ def expire(using: str, age: float, limit: int) -> int:
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(EXPIRE_SQL, {"age": age, "limit": limit})
         return cursor.rowcount
+
+
+def unflag(task: Any, using: str) -> None:
+    """The wait of the running ``task`` timed out: clear its flag (in the caller's
+    transaction, with what the run keeps of the time-out)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(UNFLAG_SQL, {"id": task.pk, "worker": task.locked_by,
+                                    "claims": task.claims})

@@ -22,14 +22,11 @@ from django_pgtasks.exceptions import LeaseLostError
 # completed it holds the task: still RUNNING (in the live partition), under the worker and
 # claim that took it. Returns the entry as stored (its attempt and time are the row's).
 # {with_unflushed} and {from_unflushed}: see UNFLUSHED.
-# A step ends any wait for an event the run flagged (lifecycle/events.py): its flag is
-# cleared with it.
 CHECKPOINT_SQL = """
     {with_unflushed}UPDATE pgtasks_task
     SET steps = steps || jsonb_build_array(jsonb_build_object(
             'name', %(name)s::text, 'result', {result}, 'attempt', attempt,
-            'at', statement_timestamp(), 'ms', round(%(ms)s::numeric, 3))),
-        awaited_event = NULL
+            'at', statement_timestamp(), 'ms', round(%(ms)s::numeric, 3)))
     {from_unflushed}WHERE id = %(id)s AND status = 'RUNNING' AND locked_by = %(worker)s
       AND claims = %(claims)s
     RETURNING steps -> -1

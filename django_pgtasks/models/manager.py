@@ -375,6 +375,8 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                                      f"run no longer holds the task (it was rescued, "
                                      f"cancelled or changed meanwhile).")
             yield found
+            if found.timed_out:
+                events.unflag(task, using)
 
     def send_event(self, key: str, payload: Any = None, *, using: str | None = None) -> int:
         """Send the event ``key`` with ``payload`` (plain JSON): every task waiting for it

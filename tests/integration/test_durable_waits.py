@@ -182,13 +182,15 @@ def test_a_wait_times_out_and_stays_timed_out_on_a_retry() -> None:
     task = Task.objects.enqueue(waiting.waits_or_times_out, "late", 0.3, fail_after=True)
     drain()
     task.refresh_from_db()
-    assert task.status == Status.READY
+    # One run, suspended until the deadline (keeping the deadline left its flag in place).
+    assert (task.status, task.claims, task.awaited_event) == (Status.READY, 1, "late")
     deadline = timezone.datetime.fromisoformat(task.steps[0]["result"]["until"])
     assert task.run_after == deadline
     wait_until(lambda: due(task))
     task = run_task(task)
-    # Timed out (the first attempt then failed on purpose)...
-    assert (task.status, task.attempt) == (Status.AWAITING_RETRY, 1)
+    # Timed out (the first attempt then failed on purpose), its flag cleared...
+    assert (task.status, task.attempt, task.awaited_event) == (
+        Status.AWAITING_RETRY, 1, None)
     assert [s["name"] for s in task.steps] == ["@wait late", "@timeout late"]
     # ... and the event sent before the retry does not change what the retry sees.
     assert Task.objects.send_event("late", "too late") == 0
