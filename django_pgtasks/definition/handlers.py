@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.apps import apps
 
+from django_pgtasks.definition import run_report
 from django_pgtasks.retry import Backoff, resolve
 
 if TYPE_CHECKING:
@@ -335,8 +336,6 @@ class TaskContext:
         most once a second, and when the run ends. ``ValueError`` for a negative or
         non-finite number, or a total of 0. In an ``async def`` handler, use
         :meth:`aprogress` (a write may happen)."""
-        from django_pgtasks.definition import run_report
-
         report = run_report.current()
         if report is None:  # called outside a run (the handler called directly)
             return
@@ -348,8 +347,6 @@ class TaskContext:
                         message: str = "") -> None:
         """:meth:`progress` for ``async def`` handlers."""
         from asgiref.sync import sync_to_async
-
-        from django_pgtasks.definition import run_report
 
         report = run_report.current()
         if report is None:
@@ -712,14 +709,13 @@ def reported(task: TaskRow, func: Callable[..., Any], *args: Any, **kwargs: Any)
     """``func(*args, **kwargs)``, the run of ``task``, with what it reports (its progress
     and log records, :mod:`django_pgtasks.definition.run_report`) collected and written
     as it ends."""
-    from django_pgtasks.definition import run_report
-
-    with run_report.reporting() as report:
-        try:
-            return func(*args, **kwargs)
-        finally:
-            if report.pending:
-                _write_last_report(task, report)
+    report, token = run_report.begin()
+    try:
+        return func(*args, **kwargs)
+    finally:
+        run_report.end(token)
+        if report.pending:
+            _write_last_report(task, report)
 
 
 async def areported(task: TaskRow, awaitable: Awaitable[Any]) -> Any:
@@ -727,14 +723,13 @@ async def areported(task: TaskRow, awaitable: Awaitable[Any]) -> Any:
     thread."""
     from asgiref.sync import sync_to_async
 
-    from django_pgtasks.definition import run_report
-
-    with run_report.reporting() as report:
-        try:
-            return await awaitable
-        finally:
-            if report.pending:
-                await sync_to_async(_write_last_report, thread_sensitive=True)(task, report)
+    report, token = run_report.begin()
+    try:
+        return await awaitable
+    finally:
+        run_report.end(token)
+        if report.pending:
+            await sync_to_async(_write_last_report, thread_sensitive=True)(task, report)
 
 
 def _write_last_report(task: TaskRow, report: Any) -> None:

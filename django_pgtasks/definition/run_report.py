@@ -14,15 +14,12 @@ each message at most :data:`MAX_MESSAGE` characters; records below
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,16 +46,18 @@ def clean_text(value: Any, limit: int = MAX_MESSAGE) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-@dataclass
 class RunReport:
     """What one run reported and has not written yet."""
 
-    #: ``{"done", "total", "message"}`` of the last ``progress()`` call, if not written.
-    progress: dict[str, Any] | None = None
-    #: Log entries not written yet (``{"at", "level", "logger", "message"}``).
-    entries: list[dict[str, Any]] = field(default_factory=list)
-    #: When it was last written (``time.monotonic()``).
-    written: float = field(default_factory=time.monotonic)
+    __slots__ = ("entries", "progress", "written")
+
+    def __init__(self) -> None:
+        #: ``{"done", "total", "message"}`` of the last ``progress()`` call, if not written.
+        self.progress: dict[str, Any] | None = None
+        #: Log entries not written yet (``{"at", "level", "logger", "message"}``).
+        self.entries: list[dict[str, Any]] = []
+        #: When it was last written (``time.monotonic()``).
+        self.written = time.monotonic()
 
     @property
     def pending(self) -> bool:
@@ -103,15 +102,18 @@ def current() -> RunReport | None:
     return _current.get()
 
 
-@contextlib.contextmanager
-def reporting() -> Iterator[RunReport]:
-    """Collect the report of the run about to start in this thread or coroutine."""
-    install()
-    token = _current.set(RunReport())
-    try:
-        yield _current.get()  # type: ignore[misc]
-    finally:
-        _current.reset(token)
+def begin() -> tuple[RunReport, contextvars.Token]:
+    """Start collecting the report of the run about to start in this thread or coroutine;
+    pass the token to :func:`end` when it ends."""
+    if _handler is None:
+        install()
+    report = RunReport()
+    return report, _current.set(report)
+
+
+def end(token: contextvars.Token) -> None:
+    """Stop collecting the report of the run :func:`begin` started."""
+    _current.reset(token)
 
 
 class RunLogHandler(logging.Handler):
