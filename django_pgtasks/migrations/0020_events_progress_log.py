@@ -101,15 +101,30 @@ class Migration(migrations.Migration):
                 verbose_name="progress",
             ),
         ),
-        migrations.AddIndex(
-            model_name="task",
-            index=models.Index(
-                condition=models.Q(
-                    ("awaited_event__isnull", False), ("status__in", ("READY", "RUNNING"))
+        # A live-state index: on the live partition only, under the model's name, like the
+        # claim's (0014); the history partitions never hold a waiting task.
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AddIndex(
+                    model_name="task",
+                    index=models.Index(
+                        condition=models.Q(
+                            ("awaited_event__isnull", False),
+                            ("status__in", ("READY", "RUNNING")),
+                        ),
+                        fields=["awaited_event"],
+                        name="pgtasks_task_awaited_event_idx",
+                    ),
                 ),
-                fields=["awaited_event"],
-                name="pgtasks_task_awaited_event_idx",
-            ),
+            ],
+            database_operations=[
+                migrations.RunSQL(
+                    "CREATE INDEX pgtasks_task_awaited_event_idx ON pgtasks_task_live "
+                    "(awaited_event) WHERE awaited_event IS NOT NULL "
+                    "AND status IN ('READY', 'RUNNING')",
+                    "DROP INDEX pgtasks_task_awaited_event_idx",
+                ),
+            ],
         ),
         migrations.AddIndex(
             model_name="event",
