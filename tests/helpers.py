@@ -310,3 +310,21 @@ def race_scheduler_passes(seconds: float = 3.0, threads: int = 8) -> None:
     for racer in racers:
         racer.join(timeout=60)
     assert not errors, errors
+
+
+def database_now() -> datetime:
+    """The database clock, now."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def time_passes(task: Any) -> None:
+    """As if the task's sleeps had run out (a test cannot wait an hour): their kept ends and
+    the task's due time become the database's now. The runs that follow compare them with
+    their claim's time, as they would after a real hour."""
+    now = database_now()
+    task.refresh_from_db()
+    steps = [{**entry, "result": {"until": now.isoformat()}}
+             if entry["name"].startswith("@sleep") else entry for entry in task.steps]
+    type(task).objects.filter(pk=task.pk).update(steps=steps, run_after=now)

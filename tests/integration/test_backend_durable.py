@@ -7,11 +7,9 @@ import pytest
 
 compat = pytest.importorskip("django_pgtasks.definition.framework")
 
-from django.db.models.functions import Now  # noqa: E402
-
 from django_pgtasks.models import Status, Task  # noqa: E402
 from django_pgtasks.worker.loop import Worker  # noqa: E402
-from tests.helpers import wait_until  # noqa: E402
+from tests.helpers import time_passes  # noqa: E402
 from tests.testapp import dj_tasks  # noqa: E402
 from tests.testapp.models import Execution  # noqa: E402
 
@@ -28,7 +26,7 @@ def test_a_django_task_keeps_its_steps_sleeps_and_waits_durably() -> None:
     drain()
     row.refresh_from_db()
     assert (row.status, [s["name"] for s in row.steps]) == (Status.READY, ["record", "@sleep 1"])
-    wait_until(lambda: Task.objects.filter(pk=row.pk, run_after__lte=Now()).exists())
+    time_passes(row)
     drain()
     row.refresh_from_db()
     assert (row.status, row.awaited_event) == (Status.READY, "dj-key")

@@ -212,6 +212,6 @@ def durable_through_djangos_context(context, key: str) -> Any:
         task_id=0, attempt=context.attempt, worker=f"dj-{key}").pk)
     context.logger.info("recorded %s", first)
     context.progress(1, 2, "recorded")
-    context.sleep(0.2)
+    context.sleep(3600)
     return {"record": first, "payload": context.wait_for_event(key),
             "result_id": context.task_result.id}
