@@ -13,13 +13,16 @@ Public API::
 
 from django_pgtasks.definition.registry import TaskContext, TaskHandler, add_resolver, pgtask
 from django_pgtasks.exceptions import (
+    EventTimeout,
     FatalError,
+    InvalidEventError,
     InvalidPayloadError,
     InvalidTaskError,
     LeaseLostError,
     PgTasksError,
     Snooze,
     StepError,
+    Suspend,
     TaskCancelled,
     TaskWaitTimeout,
     UnknownQueueError,
@@ -29,13 +32,16 @@ from django_pgtasks.exceptions import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "EventTimeout",
     "FatalError",
+    "InvalidEventError",
     "InvalidPayloadError",
     "InvalidTaskError",
     "LeaseLostError",
     "PgTasksError",
     "Snooze",
     "StepError",
+    "Suspend",
     "TaskCancelled",
     "TaskContext",
     "TaskHandler",
