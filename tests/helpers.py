@@ -251,6 +251,8 @@ class Output:
 
     def __init__(self, process: subprocess.Popen) -> None:
         self.lines: list[str] = []
+        self._process = process
+        self._drained = False
         self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
         self._thread.start()
 
@@ -275,6 +277,12 @@ class Output:
 
     @property
     def text(self) -> str:
+        """What the child printed so far; once it has exited, all of it: the reader thread
+        is given the time to read the pipe to its end, which the exit does not wait for (at
+        most 5 s, once: a grandchild that outlives the child may hold the pipe open)."""
+        if not self._drained and self._process.poll() is not None:
+            self._thread.join(timeout=5)
+            self._drained = True
         return "".join(self.lines)
 
 
