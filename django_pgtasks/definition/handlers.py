@@ -277,7 +277,7 @@ class TaskContext:
             expired = until is not None and until <= found.now
             if expired:
                 self._keep(events.timed_out(key), True, began)
-                found.timed_out = True
+                _tasks().end_wait(self.task)
         if expired:
             raise EventTimeout(key, limit)
         raise Suspend(until, key)

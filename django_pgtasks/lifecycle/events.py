@@ -81,7 +81,7 @@ def send(key: str, payload_json: str, using: str) -> list[int]:
         return [row[0] for row in cursor.fetchall()]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Check:
     """What a wait found: the event sent (and its payload), or its task flagged."""
 
@@ -90,8 +90,6 @@ class Check:
     flagged: bool
     #: The database clock when it looked.
     now: datetime
-    #: Set by the wait when its deadline has passed: the flag is cleared as the check ends.
-    timed_out: bool = False
 
 
 def check(task: Any, key: str, using: str) -> Check:

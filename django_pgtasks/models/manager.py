@@ -375,8 +375,11 @@ class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[m
                                      f"run no longer holds the task (it was rescued, "
                                      f"cancelled or changed meanwhile).")
             yield found
-            if found.timed_out:
-                events.unflag(task, using)
+
+    def end_wait(self, task: TaskRow) -> None:
+        """The wait of the running ``task`` timed out: it no longer waits (in the
+        transaction of :meth:`event_check`; :func:`django_pgtasks.lifecycle.events.unflag`)."""
+        events.unflag(task, self._task_db(task, None))
 
     def send_event(self, key: str, payload: Any = None, *, using: str | None = None) -> int:
         """Send the event ``key`` with ``payload`` (plain JSON): every task waiting for it

@@ -627,3 +627,15 @@ def test_the_admin_lists_the_events_and_the_tasks_waiting_for_them(admin_client)
     detail = admin_client.get(reverse("admin:django_pgtasks_event_change", args=["shown"]))
     assert detail.status_code == 200
     assert admin_client.get(reverse("admin:django_pgtasks_event_add")).status_code == 403
+
+
+def test_a_last_report_that_cannot_be_written_leaves_the_outcome_alone(caplog) -> None:
+    """The run's last write of its progress fails (its session was terminated): logged,
+    and the outcome is still recorded; the task does not stay RUNNING."""
+    task = Task.objects.enqueue(waiting.loses_its_connection_before_its_last_report)
+    with caplog.at_level("WARNING", logger="django_pgtasks"):
+        drain()
+    task.refresh_from_db()
+    assert (task.status, task.result, task.progress) == (Status.SUCCESSFUL, "done", None)
+    assert any("its last progress and log records could not be written" in r.getMessage()
+               for r in caplog.records)

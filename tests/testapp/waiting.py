@@ -166,3 +166,21 @@ def fans_out(ctx: TaskContext, n: int, fail_after: bool = False) -> dict:
     if fail_after and ctx.attempt == 1:
         raise RuntimeError("fails after its children")
     return outcome["ended"]
+
+
+@pgtask(context=True, max_attempts=1)
+def loses_its_connection_before_its_last_report(ctx: TaskContext) -> str:
+    """Reports its progress (written as the run ends), then its thread's session is
+    terminated from another one: the last report cannot be written."""
+    from django.db import connections
+
+    from django_pgtasks.database.sessions import open_connection
+
+    ctx.progress(1, 2, "half")
+    alias = ctx.task._state.db or "default"
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    with open_connection(alias) as other:
+        other.execute("SELECT pg_terminate_backend(%s, 10000)", [pid])
+    return "done"

@@ -5,7 +5,7 @@ workers, are tested in ``tests/integration/test_worker.py``."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg.errors
 import pytest
@@ -15,11 +15,18 @@ from django_pgtasks.exceptions import (
     FatalError,
     HandlerImportError,
     Snooze,
+    Suspend,
     TaskCancelled,
     UnknownTaskError,
     WorkerShutdown,
 )
-from django_pgtasks.lifecycle.transitions import Cancelled, Failed, Interrupted, Snoozed
+from django_pgtasks.lifecycle.transitions import (
+    Cancelled,
+    Failed,
+    Interrupted,
+    Snoozed,
+    Suspended,
+)
 from django_pgtasks.models import Task
 from django_pgtasks.worker.executor import _one_line, outcome_of, retry_after
 
@@ -126,3 +133,12 @@ def test_a_log_line_shows_one_bounded_line_of_the_error() -> None:
     long = _one_line(raised(ValueError("v" * 1000)))
     assert len(long) == 300
     assert long.endswith("...")
+
+
+def test_a_durable_sleep_or_wait_is_suspended_not_failed() -> None:
+    until = datetime(2030, 1, 2, tzinfo=UTC)
+    assert outcome_of(task(), handler(), raised(Suspend(until))) == Suspended(until, False)
+    assert outcome_of(task(), handler(), raised(Suspend(None, "k"))) == Suspended(None, True)
+    cancelled = task()
+    cancel_signal(cancelled).set()  # a cancellation requested meanwhile wins
+    assert isinstance(outcome_of(cancelled, handler(), raised(Suspend(until))), Cancelled)

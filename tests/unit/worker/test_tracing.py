@@ -11,6 +11,7 @@ from django_pgtasks.lifecycle.transitions import (
     Interrupted,
     Snoozed,
     Succeeded,
+    Suspended,
     Unstarted,
 )
 from django_pgtasks.worker.tracing import _description, outcome_name
@@ -23,6 +24,7 @@ from django_pgtasks.worker.tracing import _description, outcome_name
     ("CANCELLED", None, "cancelled"),
     ("READY", "interrupted", "interrupted"),
     ("READY", "snoozed", "snoozed"),
+    ("READY", "suspended", "suspended"),
     ("READY", "succeeded", "rerun"),
     ("READY", "unstarted", "unstarted"),
     ("", None, "lost"),
@@ -32,6 +34,7 @@ from django_pgtasks.worker.tracing import _description, outcome_name
 ])
 def test_outcome_names(status: str | None, outcome: str | None, expected: str) -> None:
     made = {"interrupted": Interrupted("x"), "snoozed": Snoozed(1.0),
+            "suspended": Suspended(None, True),
             "succeeded": Succeeded(None), "unstarted": Unstarted("refused"), None: None}[outcome]
     assert outcome_name(status, made) == expected
 
