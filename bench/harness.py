@@ -61,7 +61,11 @@ def server_cpu_per_task(before: float | None, tasks: int) -> dict:
     return {"server_cpu_us_per_task": (after - before) / tasks * 1e6}
 
 
-def start_workers(system: System, config: Config, conn, timeout: float = 60) -> list:
+def start_workers(
+    system: System, config: Config, conn, timeout: float = 60, settle: float = 0.5
+) -> list:
+    """Start the workers and wait until they are ready, then ``settle`` seconds more for every
+    process to reach its idle wait (0: return at once, as on a full queue)."""
     procs = system.start(config)
     STARTED.extend(procs)
     deadline = time.monotonic() + timeout
@@ -72,7 +76,7 @@ def start_workers(system: System, config: Config, conn, timeout: float = 60) -> 
             stop_workers(procs)
             raise RuntimeError(f"{system.name} workers did not get ready: {errors or 'timeout'}")
         time.sleep(0.05)
-    time.sleep(0.5)  # let every process reach its idle wait
+    time.sleep(settle)
     return procs
 
 

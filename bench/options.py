@@ -3,10 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 SECTIONS = ("raw", "pgtasks", "peers", "enqueue", "latency", "startup", "large", "long", "profile")
 DRAIN_SECTIONS = ("raw", "pgtasks", "peers")
 DEFAULT_SECTIONS = ("raw", "pgtasks", "peers", "enqueue", "latency", "startup", "large")
+#: The drain scenarios (bench/scenarios.py), in the order each round runs them.
+SCENARIOS = ("backlog", "snapshot", "burst")
+
+
+def shapes(text: str) -> list[str]:
+    """``--raw-shapes``: comma-separated ``WxB`` (W processes, B tasks per claim) or ``WxBt``
+    (W threads of one process)."""
+    values = [v for v in text.split(",") if v]
+    wrong = [v for v in values if not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*t?", v)]
+    if wrong:
+        raise argparse.ArgumentTypeError(f"not WxB or WxBt: {', '.join(wrong)}")
+    return values
+
+
+def sizes(text: str) -> list[int]:
+    """``--tasks``: comma-separated task counts (``20000,100000`` or ``20_000,100_000``)."""
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma list of whole numbers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("at least one task count, each 1 or more")
+    return values
 
 
 def comma_list(text: str) -> list[str]:
@@ -48,29 +72,62 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--repeat", type=int, default=3, help="runs of each measurement")
     p.add_argument(
-        "--tasks",
-        type=int,
-        default=10_000,
-        help="tasks per drain for django-pgtasks and the raw ceiling "
-        "(the raw batch-50 ceiling drains 5x as many)",
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        type=comma_list,
+        help="drain scenarios, from: backlog (N tasks seeded and analyzed, then the workers "
+        "start), snapshot (backlog with a REPEATABLE READ transaction open for the whole "
+        "drain), burst (warm workers, then N tasks inserted at once, unanalyzed)",
     )
-    p.add_argument("--peer-tasks", type=int, default=5_000, help="tasks per peer drain")
+    p.add_argument(
+        "--tasks",
+        type=sizes,
+        default="20000,100000",
+        help="tasks per drain (comma list: every scenario is drained at every size, by every "
+        "system but procrastinate and django-tasks-db)",
+    )
+    p.add_argument(
+        "--peer-tasks",
+        type=int,
+        default=5_000,
+        help="cap on the tasks per drain of procrastinate and django-tasks-db (slow)",
+    )
+    p.add_argument(
+        "--peers-everywhere",
+        action="store_true",
+        help="drain procrastinate and django-tasks-db in every scenario and size, not only "
+        "in the burst scenario at the first size",
+    )
+    p.add_argument(
+        "--raw-shapes",
+        default="8x50,8x1",
+        type=shapes,
+        help="raw-ceiling shapes drained in every scenario and size: WxB = W processes "
+        "claiming B tasks per statement (a 't' suffix: W threads of one process)",
+    )
+    p.add_argument(
+        "--raw-extra-shapes",
+        default="1x1,2x1,4x1,1x50,8x1t,8x50t",
+        type=shapes,
+        help="more raw-ceiling shapes, drained in the burst scenario at the first size only "
+        "(how the ceiling scales; '' for none)",
+    )
     p.add_argument(
         "--max-drain-seconds",
         type=float,
-        default=4.0,
+        default=30.0,
         help="a drain still running after this long is stopped, and its rate "
         "taken from the tasks finished by then",
     )
     p.add_argument(
         "--pgtasks",
-        default="default,1x1,1x2,1x8,1x8+42,2x8,2x8+42,2x32",
+        default="default,1x32,2x32,2x32+64",
         type=comma_list,
         help="django-pgtasks configurations",
     )
     p.add_argument(
         "--pgqueuer",
-        default="default,1x50,2x50",
+        default="default,2x50",
         type=comma_list,
         help="pgqueuer configurations: PxB = P processes, batch_size B (async no-op entrypoint)",
     )
@@ -179,13 +236,19 @@ def parse_args() -> argparse.Namespace:
         help="measure nothing: print the report of an earlier results file",
     )
     p.add_argument(
-        "--markdown", action="store_true", help="with --report: print the main tables as Markdown"
+        "--markdown",
+        action="store_true",
+        help="with --report: print the summary and the main tables as Markdown",
     )
     args = p.parse_args()
     args.sections = [s for s in args.only.split(",") if s]
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         p.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+    args.scenarios = [s for s in args.scenarios if s]
+    unknown = set(args.scenarios) - set(SCENARIOS)
+    if unknown:
+        p.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     if args.long and "long" not in args.sections:
         args.sections.append("long")
     if args.profile and "profile" not in args.sections:

@@ -52,7 +52,7 @@ def section_profile(args, results: dict, stamp: str) -> None:
                 )
                 STARTED.append(spy)
                 time.sleep(2)
-                pg.seed(conn, args.tasks * 2)
+                pg.seed(conn, args.tasks[0])
                 while pg.remaining(conn):
                     time.sleep(0.2)
                 spy.send_signal(signal.SIGINT)

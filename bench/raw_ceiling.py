@@ -4,7 +4,6 @@ what no queue on the same table can beat."""
 from __future__ import annotations
 
 import os
-import resource
 import sys
 import threading
 import time
@@ -12,6 +11,7 @@ import time
 import psycopg
 from common import connect, self_cpu
 from harness import server_cpu_per_task, server_cpu_s
+from scenarios import PREFILLED, held_snapshot, prepare
 from systems import PgTasks
 
 # The raw ceiling's two statements, written for the partitioned task table as a hand-written
@@ -43,15 +43,20 @@ def _raw_claim(conn, me: str, batch: int) -> list[int]:
             continue
 
 
-def _raw_loop(dbname: str, me: str, batch: int, max_seconds: float, go=None) -> None:
+def _raw_loop(
+    dbname: str, me: str, batch: int, max_seconds: float, go=None, spent=None, slot: int = 0
+) -> None:
     with connect(dbname) as conn:
         if go is not None:  # every process connected before the first claim
             go.wait()
+        cpu0 = self_cpu()
         deadline = time.monotonic() + max_seconds
         while ids := _raw_claim(conn, me, batch):
             conn.execute(CEILING_DONE, [ids, me])
             if time.monotonic() > deadline:
                 break
+        if spent is not None:  # a process's own CPU over its drain, without its start-up
+            spent[slot] = self_cpu() - cpu0
 
 
 def raw_drain(
@@ -61,15 +66,19 @@ def raw_drain(
     (autocommit), complete them in one guarded UPDATE; no handler, no ORM. ``workers`` loops
     run as separate processes (like a real deployment), or as threads of this process
     (``processes=False``, where the GIL caps them). Stops when the queue is empty or after
-    ``max_seconds``. Returns the CPU seconds the loops spent."""
+    ``max_seconds``. Returns the CPU seconds the loops spent from their first claim on (not
+    the processes' start-up)."""
     if processes:
         import multiprocessing
 
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         ctx = multiprocessing.get_context("spawn")
         go = ctx.Barrier(workers + 1)
+        spent = ctx.Array("d", workers)
         procs = [
-            ctx.Process(target=_raw_loop, args=(dbname, f"raw-{i}", batch, max_seconds, go))
+            ctx.Process(
+                target=_raw_loop,
+                args=(dbname, f"raw-{i}", batch, max_seconds, go, spent, i),
+            )
             for i in range(workers)
         ]
         for p in procs:
@@ -79,8 +88,7 @@ def raw_drain(
             p.join()
         if any(p.exitcode for p in procs):
             raise RuntimeError(f"a raw loop failed: exit codes {[p.exitcode for p in procs]}")
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        return sum(spent)
     cpu = self_cpu()
     errors: list[BaseException] = []
 
@@ -100,18 +108,15 @@ def raw_drain(
     return self_cpu() - cpu
 
 
-#: (workers, tasks per claim, as processes?) of the raw ceiling. The processes are the
-#: ceiling; the threads (one process, where the GIL caps them) are kept for comparison.
-RAW_SHAPES = (
-    (1, 1, True),
-    (2, 1, True),
-    (4, 1, True),
-    (8, 1, True),
-    (1, 50, True),
-    (8, 50, True),
-    (8, 1, False),
-    (8, 50, False),
-)
+def parse_shape(text: str) -> tuple[int, int, bool]:
+    """``WxB``: W processes claiming B tasks per statement; ``WxBt``: W threads of one process
+    (where the GIL caps them). Returns (workers, batch, as processes?)."""
+    processes = not text.endswith("t")
+    workers, _, batch = text.removesuffix("t").partition("x")
+    try:
+        return int(workers), int(batch), processes
+    except ValueError:
+        raise ValueError(f"not a raw-ceiling shape (WxB or WxBt): {text!r}") from None
 
 
 def raw_key(workers: int, batch: int, processes: bool) -> str:
@@ -121,14 +126,18 @@ def raw_key(workers: int, batch: int, processes: bool) -> str:
     return f"raw {workers} {unit}, batch {batch}"
 
 
-def raw_run(workers: int, batch: int, processes: bool, n: int, args) -> dict:
+def raw_run(workers: int, batch: int, processes: bool, n: int, scenario: str, args) -> dict:
+    """One drain of the raw ceiling in a scenario (bench/scenarios.py). In the burst scenario
+    the tasks are inserted before the loops start (they have no warm-up to wait for)."""
     pg = PgTasks(args.database, sys.executable)
     with connect(args.database) as conn:
-        pg.reset(conn)
-        pg.seed(conn, n)  # like the workers' drains: no VACUUM or ANALYZE in between
-        load = os.getloadavg()[0]
-        server0 = server_cpu_s()
-        cpu = raw_drain(args.database, workers, batch, args.max_drain_seconds, processes)
+        prepare(pg, conn, n, scenario)
+        if scenario not in PREFILLED:
+            pg.seed(conn, n)  # like the workers' burst: no ANALYZE before the drain
+        with held_snapshot(pg, scenario, args.database):
+            load = os.getloadavg()[0]
+            server0 = server_cpu_s()
+            cpu = raw_drain(args.database, workers, batch, args.max_drain_seconds, processes)
         done, seconds = pg.window(conn)
     return {
         "rate": done / seconds,
@@ -139,13 +148,15 @@ def raw_run(workers: int, batch: int, processes: bool, n: int, args) -> dict:
     }
 
 
-def raw_plan(args) -> list[tuple[str, dict, object]]:
-    """(key, description, run-once function) of every shape of the raw ceiling."""
+def raw_plan(args, scenario: str, n: int, shapes: list[str]) -> list[tuple[str, dict, object]]:
+    """(key, description, run-once function) of each raw-ceiling shape, drained with n tasks in
+    that scenario."""
     plan: list[tuple[str, dict, object]] = []
-    for workers, batch, processes in RAW_SHAPES:
-        n = args.tasks * (5 if batch > 1 else 1)
+    for text in filter(None, shapes):
+        workers, batch, processes = parse_shape(text)
         desc = {
             "system": "raw SQL",
+            "scenario": scenario,
             "batch": batch,
             "tasks": n,
             "processes": workers if processes else 1,
@@ -156,7 +167,7 @@ def raw_plan(args) -> list[tuple[str, dict, object]]:
             (
                 raw_key(workers, batch, processes),
                 desc,
-                lambda w=workers, b=batch, p=processes, n=n: raw_run(w, b, p, n, args),
+                lambda w=workers, b=batch, p=processes: raw_run(w, b, p, n, scenario, args),
             )
         )
     return plan

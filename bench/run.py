@@ -2,29 +2,54 @@
 
 Usage, from the repository root, with the project's virtualenv::
 
-    .venv/bin/python bench/run.py              # the default run (about 10 minutes)
+    .venv/bin/python bench/run.py              # the default run (about 45 minutes)
     .venv/bin/python bench/run.py --long       # plus worker memory over 1,000,000 tasks
     .venv/bin/python bench/run.py --profile    # plus a py-spy profile of a worker
     .venv/bin/python bench/run.py --only enqueue,latency --repeat 5
+    .venv/bin/python bench/run.py --only raw,pgtasks,peers --repeat 5   # the drains only
+    .venv/bin/python bench/run.py --only raw,pgtasks,peers --scenarios backlog --tasks 20000
+    .venv/bin/python bench/run.py --report bench/results/FILE.json [--markdown]
 
 Everything runs against the same PostgreSQL server (``PG*`` variables, else localhost:5432 as
 postgres), one measurement after another, in a scratch database (``--database``) that is
 created at the start and dropped at the end. The peers (procrastinate, django-tasks-db) and
 py-spy are installed into ``bench/.venv-peers`` only, from bench/requirements-peers.txt.
 
-Drain rates: worker processes are started on an empty queue and given time to connect;
-then N no-op tasks are inserted in one statement and the rate is N divided by the time from
-the first task's start to the last task's finish, as the database recorded them. Worker CPU
-is the user+system time of the worker processes (all threads, all children) over that drain,
-from /proc; RSS is that of the largest worker process when the drain ends. Each drain is
-repeated (``--repeat``) and reported as min / median / max; ratios use medians.
+Drain rates: N no-op tasks drained in each scenario (``--scenarios``, bench/scenarios.py) and
+at each size (``--tasks``, a comma list), every (scenario, size) pair a *combination*:
 
-The results are printed as a table and saved to bench/results/<date>-<machine>.json.
+- ``backlog``: N tasks seeded and the queue's table analyzed (``ANALYZE``) before the workers
+  start;
+- ``snapshot``: the backlog, with a REPEATABLE READ transaction that took its snapshot before
+  the workers started held open, idle, until the drain ends (so that nothing it could still
+  see can be cleaned up meanwhile);
+- ``burst``: workers started on an empty queue and given time to connect, then N tasks
+  inserted in one statement, never analyzed.
+
+The rate is the tasks finished divided by the time from the first task's start to the last
+task's finish, as the database recorded them; a drain still running after
+``--max-drain-seconds`` is stopped and rated on what finished. Worker CPU is the user+system
+time of the worker processes (all threads, all children) from when they are ready to the end
+of the drain, from /proc, per task finished meanwhile; server CPU likewise for every
+PostgreSQL process; RSS is that of the largest worker process when the drain ends. The raw
+ceiling's ``--raw-shapes`` (default: 8 processes claiming 50 or 1 per statement),
+django-pgtasks and pgqueuer are drained in every combination; the ``--raw-extra-shapes``,
+procrastinate and django-tasks-db (slow: at most ``--peer-tasks`` tasks) only in the burst
+scenario at the first size, unless ``--peers-everywhere``. Each round (``--repeat``) drains
+every combination with every system and configuration once before the next round starts, so
+that a burst of load from elsewhere hits them alike; each drain is reported as min / median /
+max, and ratios use medians, within a combination.
+
+The results are printed as tables (one per combination, then a summary of the combinations side
+by side and the targets) and saved to bench/results/<date>-<machine>.json, the drains under
+``"drains"``, by combination (``"backlog 20000"``) and row. ``--report`` prints a saved file
+again, also one of before the scenarios (its drains at the top level).
 
 This file parses the options (options.py) and runs the sections, each in a module of its own:
-drains.py (with raw_ceiling.py), enqueue.py, latency.py, startup.py, large_table.py,
-long_run.py and pyspy_profile.py, on what harness.py, systems.py and common.py share; then
-comparison.py, targets.py and report.py make the ratios, the targets and the tables.
+drains.py (with scenarios.py and raw_ceiling.py), enqueue.py, latency.py, startup.py,
+large_table.py, long_run.py and pyspy_profile.py, on what harness.py, systems.py and common.py
+share; then comparison.py, targets.py and report.py make the ratios, the targets and the
+tables.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The queues under test, each behind the same small interface.
 
 A :class:`System` knows how to start its workers, tell when they are ready, seed no-op tasks in
-one statement, enqueue one task, and read back from the database when each task started and
-finished. bench/run.py drives them all the same way.
+one statement, analyze its queue's table (or forget its statistics), enqueue one task, and read
+back from the database when each task started and finished. bench/run.py drives them all the
+same way.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+import psycopg
 from common import (
     DJTASKS_SETTINGS,
     PGTASKS_SETTINGS,
@@ -33,6 +35,8 @@ class Config:
     concurrency: int | None = None  # None: the system's default
     prefetch: int | None = None  # django-pgtasks only; None: the default (PREFETCH)
     interval: float | None = None  # django-tasks-db only: --interval; None: its default
+    #: The system's defaults: django-pgtasks then gets no --processes (PGTASKS["PROCESSES"]).
+    default: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Config:
@@ -42,7 +46,7 @@ class Config:
             text, _, value = text.partition("@")
             interval = float(value)
         if text == "default":
-            return cls(interval=interval)
+            return cls(interval=interval, default=True)
         prefetch = None
         if "+" in text:
             text, _, value = text.partition("+")
@@ -64,6 +68,9 @@ class System:
     name: str
     app_name: str  # application_name of the workers' sessions (PGAPPNAME)
     default_concurrency: int = 1
+    #: The queue's table(s): analyzed by the backlog and snapshot scenarios, their statistics
+    #: forgotten by the burst one; the snapshot scenario's open transaction reads the first.
+    queue_tables: tuple[str, ...]
 
     def __init__(self, dbname: str) -> None:
         self.dbname = dbname
@@ -99,6 +106,26 @@ class System:
     def seed(self, conn, n: int) -> None:
         raise NotImplementedError
 
+    def analyze(self, conn) -> None:
+        """ANALYZE the queue's table(s); a partitioned one with its partitions."""
+        for table in self.queue_tables:
+            conn.execute(f"ANALYZE {table}")
+
+    def forget_statistics(self, conn) -> bool:
+        """Delete the planner's column statistics of the queue's table(s) and their partitions,
+        as if never analyzed (TRUNCATE resets a table's size estimate but keeps them). Needs a
+        superuser; returns False, changing nothing, without one."""
+        try:
+            with conn.transaction():
+                for table in self.queue_tables:
+                    conn.execute(
+                        "DELETE FROM pg_statistic WHERE starelid IN (SELECT relid FROM "
+                        "pg_partition_tree(%s::regclass) UNION SELECT %s::regclass)",
+                        [table, table])
+        except psycopg.errors.InsufficientPrivilege:
+            return False
+        return True
+
     def remaining(self, conn) -> int:
         raise NotImplementedError
 
@@ -121,6 +148,8 @@ class PgTasks(System):
     name = "django-pgtasks"
     app_name = "bench pgtasks"
     default_concurrency = 4  # PGTASKS["CONCURRENCY"]
+    # Partitioned: ANALYZE recurses into its partitions (the live one, where waiting tasks are).
+    queue_tables = ("pgtasks_task",)
 
     def __init__(self, dbname: str, python: str) -> None:
         super().__init__(dbname)
@@ -128,7 +157,9 @@ class PgTasks(System):
 
     def commands(self, config: Config) -> list[list[str]]:
         cmd = [self.python, "-m", "django", "run_pgtasks", "--settings", PGTASKS_SETTINGS,
-               "--log-level", "WARNING", "--processes", str(config.processes)]
+               "--log-level", "WARNING"]
+        if not config.default:
+            cmd += ["--processes", str(config.processes)]
         if config.concurrency:
             cmd += ["--concurrency", str(config.concurrency)]
         if config.prefetch is not None:
@@ -181,6 +212,7 @@ class Procrastinate(System):
     name = "procrastinate"
     app_name = "bench procrastinate"
     default_concurrency = 1  # procrastinate worker --concurrency default
+    queue_tables = ("procrastinate_jobs",)
 
     def commands(self, config: Config) -> list[list[str]]:
         cmd = [str(peers_python()), "-m", "procrastinate", "--app", PROCRASTINATE_APP,
@@ -239,6 +271,7 @@ class Procrastinate(System):
 class DjTasksDb(System):
     name = "django-tasks-db"
     app_name = "bench django-tasks-db"
+    queue_tables = ("django_tasks_database_dbtaskresult",)
 
     def commands(self, config: Config) -> list[list[str]]:
         cmd = [str(peers_python()), "-m", "django", "db_worker", "--settings",
@@ -307,6 +340,7 @@ class PgQueuer(System):
     name = "pgqueuer"
     app_name = "bench pgqueuer"
     default_concurrency = 10  # its batch_size default
+    queue_tables = ("pgqueuer",)
 
     def commands(self, config: Config) -> list[list[str]]:
         cmd = [str(peers_python()), "-m", PGQUEUER_APP]

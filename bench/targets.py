@@ -1,9 +1,116 @@
-"""The speed issue's targets, each checked against the figures of a run."""
+"""The speed issue's targets, each checked against the figures of a run.
+
+The drain targets are checked at each size (--tasks) in the combinations they name
+(bench/scenarios.py); "best" is the configuration with the highest median rate of its system in
+that combination, "default" the system's own defaults.
+"""
 
 from __future__ import annotations
 
-from comparison import best_peer, best_raw_batch, default_of, med
+from comparison import best_of, default_of, drain_combinations, med
 from raw_ceiling import raw_key
+from scenarios import combination_key, split_combination
+
+PG, PGQ = "django-pgtasks", "pgqueuer"
+
+
+def _rate(row: tuple[str, dict], scenario: str = "") -> str:
+    return f"{scenario}{row[0]}: {med(row[1]):,.0f}/s"
+
+
+def drain_targets(results: dict, add) -> None:
+    """The drain targets, at each size measured; none when no drain ran."""
+    combos = drain_combinations(results)
+    sizes = sorted({split_combination(k)[1] for k in combos if k})
+    for n in sizes:
+        at = f"{n:,} tasks"
+        backlog = combos.get(combination_key("backlog", n), {})
+        snapshot = combos.get(combination_key("snapshot", n), {})
+        burst = combos.get(combination_key("burst", n), {})
+
+        def ratio(
+            target: str, ours, theirs, threshold: float, percent: bool = False, across: str = ""
+        ) -> None:
+            """ours / theirs >= threshold; ``across``: "<ours' scenario>/<theirs'>"."""
+            if not (ours and theirs):
+                add(target, "not measured", None)
+                return
+            r = med(ours[1]) / med(theirs[1])
+            shown = f"{r:.0%}" if percent else f"{r:.2f}x"
+            mine, other = (f"{s} " for s in across.split("/")) if across else ("", "")
+            add(
+                target,
+                f"{_rate(ours, mine)} vs {_rate(theirs, other)} = {shown}",
+                r >= threshold,
+            )
+
+        ratio(
+            f"backlog {at}: best configuration >= 1.5x pgqueuer's best",
+            best_of(backlog, PG),
+            best_of(backlog, PGQ),
+            1.5,
+        )
+        ratio(
+            f"backlog {at}: default configuration >= 2x pgqueuer's defaults",
+            default_of(backlog, PG),
+            default_of(backlog, PGQ),
+            2.0,
+        )
+        raw50 = raw_key(8, 50, True)
+        ratio(
+            f"backlog {at}: best configuration >= 40% of the raw batch-50 ceiling (8 processes)",
+            best_of(backlog, PG),
+            (raw50, backlog[raw50]) if med(backlog.get(raw50, {})) else None,
+            0.4,
+            percent=True,
+        )
+        best = best_of(backlog, PG)
+        server = med(best[1], "server_cpu_us_per_task") if best else None
+        worker = med(best[1], "cpu_us_per_task") if best else None
+        if worker is not None and server is not None:
+            add(
+                f"backlog {at}: CPU per task (worker + PostgreSQL) of the best configuration "
+                "<= 60 us",
+                f"{best[0]}: {worker:.0f} + {server:.0f} = {worker + server:.0f} us",
+                worker + server <= 60,
+            )
+        else:
+            add(
+                f"backlog {at}: CPU per task (worker + PostgreSQL) of the best configuration "
+                "<= 60 us",
+                "not measured",
+                None,
+            )
+        for which, pick in (("best configuration", best_of), ("default configuration", default_of)):
+            ratio(
+                f"snapshot {at}: {which} >= 70% of its backlog rate",
+                pick(snapshot, PG),
+                pick(backlog, PG),
+                0.7,
+                percent=True,
+                across="snapshot/backlog",
+            )
+        ratio(
+            f"snapshot {at}: best configuration ahead of pgqueuer's best",
+            best_of(snapshot, PG),
+            best_of(snapshot, PGQ),
+            1.0 + 1e-9,
+        )
+        ratio(
+            f"snapshot {at}: default configuration ahead of pgqueuer's defaults",
+            default_of(snapshot, PG),
+            default_of(snapshot, PGQ),
+            1.0 + 1e-9,
+        )
+        ratio(
+            f"burst {at} (fresh, unanalyzed): best configuration >= 90% of the backlog "
+            "(analyzed) rate",
+            best_of(burst, PG),
+            best_of(backlog, PG),
+            0.9,
+            percent=True,
+            across="burst/backlog",
+        )
 
 
 def evaluate_targets(results: dict) -> list[dict]:
@@ -20,60 +127,7 @@ def evaluate_targets(results: dict) -> list[dict]:
             }
         )
 
-    pg = {
-        k: v
-        for k, v in results.items()
-        if isinstance(v, dict) and v.get("system") == "django-pgtasks" and med(v)
-    }
-    pgq_best = best_peer(results, "pgqueuer")
-    pgq_default = default_of(results, "pgqueuer")
-    raw50 = best_raw_batch(results)
-    if pg and pgq_best:
-        best = max(pg.values(), key=med)
-        add(
-            "best configuration >= 1.0x pgqueuer's best",
-            f"{best['config']}: {med(best):.0f}/s vs {pgq_best[0]}: {pgq_best[1]:.0f}/s = "
-            f"{med(best) / pgq_best[1]:.2f}x",
-            med(best) >= pgq_best[1],
-        )
-    raw50_entry = results.get(raw_key(8, 50, True), {})
-    if pg and med(raw50_entry, "server_cpu_us_per_task") is not None:
-        best = max(pg.values(), key=med)
-
-        def total_cpu(entry: dict) -> float | None:
-            server = med(entry, "server_cpu_us_per_task")
-            return None if server is None else med(entry, "cpu_us_per_task") + server
-
-        ours, raw = total_cpu(best), total_cpu(raw50_entry)
-        if ours is not None:
-            add(
-                "CPU per task (worker + PostgreSQL), best configuration, within 10x the raw "
-                "batch-50 loop's (8 processes)",
-                f"{best['config']}: {ours:.0f} us vs {raw:.0f} us = {ours / raw:.1f}x",
-                ours <= 10 * raw,
-            )
-    if pg and raw50:
-        best = max(pg.values(), key=med)
-        add(
-            "moonshot: best configuration >= 50% of the raw batch-50 ceiling (processes)",
-            f"{best['config']}: {med(best):.0f}/s = {med(best) / raw50:.0%} of {raw50:.0f}/s",
-            med(best) >= 0.5 * raw50,
-        )
-    default = default_of(results, "django-pgtasks")
-    if default and pgq_default:
-        rate = med(default[1])
-        add(
-            "default configuration >= 1.0x pgqueuer's defaults",
-            f"{rate:.0f}/s vs {med(pgq_default[1]):.0f}/s = {rate / med(pgq_default[1]):.2f}x",
-            rate >= med(pgq_default[1]),
-        )
-    if default and default[1].get("vs_raw1"):
-        e = default[1]
-        add(
-            "default configuration >= 80% of the raw one-per-claim ceiling, same workers",
-            f"{med(e):.0f}/s = {e['vs_raw1']:.0%} of {e['raw1_shape']}",
-            e["vs_raw1"] >= 0.8,
-        )
+    drain_targets(results, add)
     if "enqueue single" in results:
         s = results["enqueue single"]
         ratio = s["enqueue_us"]["median"] / s["raw_insert_us"]["median"]

@@ -276,6 +276,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
                 or (key in positive and value == 0)):
             kind = "a positive" if key in positive else "a non-negative"
             errors.append(_error(f"PGTASKS[{key!r}] must be {kind} number of seconds.", "E010"))
+    processes = pgtasks_settings.PROCESSES
+    if processes != "auto" and (not isinstance(processes, int) or isinstance(processes, bool)
+                                or processes < 1):
+        errors.append(_error("PGTASKS['PROCESSES'] must be 'auto' or a positive integer.",
+                             "E027"))
     prefetch = pgtasks_settings.PREFETCH
     if prefetch != "auto" and (not isinstance(prefetch, int) or isinstance(prefetch, bool)
                                or prefetch < 0):

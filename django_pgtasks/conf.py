@@ -49,6 +49,10 @@ DEFAULTS: dict[str, Any] = {
     # Times a task may be interrupted (its worker died, shut down or lost its database
     # connection) and run again without spending an attempt, before it fails for good.
     "MAX_INTERRUPTIONS": 5,
+    # Worker processes run_pgtasks starts per database when --processes is not given: a number,
+    # or "auto": one per CPU the command may use (its CPU affinity, capped by a cgroup CPU
+    # quota), lowered to fit in half of the database's connections.
+    "PROCESSES": "auto",
     # Tasks a worker process runs at once: its threads, child processes or coroutines.
     "CONCURRENCY": 4,
     # Where a worker runs handlers (run_pgtasks --pool): "thread" (threads of the worker

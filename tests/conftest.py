@@ -121,6 +121,15 @@ def start_command(subprocess_env: dict[str, str]) -> Iterator[Callable[..., subp
         yield start
 
 
+@pytest.fixture(autouse=True)
+def _no_claim_bound_from_an_earlier_test() -> None:
+    """Each test starts with its own tasks: the claim's moving lower bounds kept by an earlier
+    test's claims (django_pgtasks.lifecycle.claim) describe rows that are gone."""
+    from django_pgtasks.lifecycle import claim as claiming
+
+    claiming.forget_bounds()
+
+
 @pytest.fixture
 def fresh_claim_mode() -> Iterator[None]:
     """The test starts without a plain/controlled claim decision kept from an earlier test."""

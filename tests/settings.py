@@ -97,6 +97,10 @@ PGTASKS = {
     "HEARTBEAT_INTERVAL": 0.25,
     "RESCUE_GRACE": 1.0,
     "RESCUE_INTERVAL": 0.25,
+    # One worker process per run_pgtasks unless a test asks for more (--processes, or
+    # PGTASKS_TEST_PROCESSES): what the tests signal, kill and count is that process.
+    "PROCESSES": (lambda v: v if v == "auto" else int(v))(
+        os.environ.get("PGTASKS_TEST_PROCESSES", "1")),
 }
 
 # The admin tests log users in by the hundred: a fast hasher, as Django's testing docs advise

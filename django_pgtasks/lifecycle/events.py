@@ -26,6 +26,8 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from django_pgtasks.database.schema import RUNNING
+
 # One advisory lock per event key (two keys may share one: they then only wait for each
 # other), in a class of its own; taken in its own statement, so that the statements after
 # it read what the lock's previous holder committed.
@@ -52,11 +54,11 @@ SEND_SQL = """
 # Wait: read the event; if it was not sent, flag the running task (under its lease) so that
 # the send wakes it. Returns whether it was sent, its payload, whether the task was flagged
 # (false with nothing sent: the run lost its task) and the database clock.
-WAIT_SQL = """
+WAIT_SQL = f"""
     WITH sent AS (SELECT payload FROM pgtasks_event WHERE key = %(key)s),
     flagged AS (
         UPDATE pgtasks_task SET awaited_event = %(key)s
-        WHERE id = %(id)s AND status = 'RUNNING' AND locked_by = %(worker)s
+        WHERE id = %(id)s AND {RUNNING} AND locked_by = %(worker)s
           AND claims = %(claims)s AND NOT EXISTS (SELECT FROM sent)
         RETURNING id
     )
@@ -66,9 +68,9 @@ WAIT_SQL = """
 
 
 # A wait that timed out: the running task no longer waits (its flag cleared).
-UNFLAG_SQL = """
+UNFLAG_SQL = f"""
     UPDATE pgtasks_task SET awaited_event = NULL
-    WHERE id = %(id)s AND status = 'RUNNING' AND locked_by = %(worker)s AND claims = %(claims)s
+    WHERE id = %(id)s AND {RUNNING} AND locked_by = %(worker)s AND claims = %(claims)s
 """
 
 

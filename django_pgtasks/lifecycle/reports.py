@@ -15,19 +15,20 @@ from typing import Any
 from django.db import connections
 
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.schema import RUNNING
 from django_pgtasks.lifecycle.steps import UNFLUSHED
 
 # Set the progress (if given: stamped with the database clock) and append the log entries
 # (keeping the last %(length)s), while the run that reported holds the task.
-REPORT_SQL = """
-    {with_unflushed}UPDATE pgtasks_task
+REPORT_SQL = f"""
+    {{with_unflushed}}UPDATE pgtasks_task
     SET progress = coalesce(%(progress)s::jsonb || jsonb_build_object(
                                 'at', statement_timestamp()), progress),
         log = CASE WHEN jsonb_array_length(%(entries)s::jsonb) = 0 THEN log
                    ELSE jsonb_path_query_array(log || %(entries)s::jsonb,
                                                ('$[last - ' || %(keep)s || ' to last]')::jsonpath)
               END
-    {from_unflushed}WHERE id = %(id)s AND status = 'RUNNING' AND locked_by = %(worker)s
+    {{from_unflushed}}WHERE id = %(id)s AND {RUNNING} AND locked_by = %(worker)s
       AND claims = %(claims)s
 """
 # On its own, or in the transaction of an atomic handler or step (committed as that is).

@@ -16,18 +16,19 @@ from typing import Any
 
 from django.db import connections
 
+from django_pgtasks.database.schema import RUNNING
 from django_pgtasks.exceptions import LeaseLostError
 
 # Append the entry of a completed step to a running task's steps, while the run that
 # completed it holds the task: still RUNNING (in the live partition), under the worker and
 # claim that took it. Returns the entry as stored (its attempt and time are the row's).
 # {with_unflushed} and {from_unflushed}: see UNFLUSHED.
-CHECKPOINT_SQL = """
-    {with_unflushed}UPDATE pgtasks_task
+CHECKPOINT_SQL = f"""
+    {{with_unflushed}}UPDATE pgtasks_task
     SET steps = steps || jsonb_build_array(jsonb_build_object(
-            'name', %(name)s::text, 'result', {result}, 'attempt', attempt,
+            'name', %(name)s::text, 'result', {{result}}, 'attempt', attempt,
             'at', statement_timestamp(), 'ms', round(%(ms)s::numeric, 3)))
-    {from_unflushed}WHERE id = %(id)s AND status = 'RUNNING' AND locked_by = %(worker)s
+    {{from_unflushed}}WHERE id = %(id)s AND {RUNNING} AND locked_by = %(worker)s
       AND claims = %(claims)s
     RETURNING steps -> -1
 """

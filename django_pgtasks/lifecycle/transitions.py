@@ -47,8 +47,10 @@ from typing import Any, Protocol
 from django.db import connections
 
 from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.database.schema import RUNNING
 from django_pgtasks.definition.error_text import qualified_name, reason_text, truncate_error
 from django_pgtasks.exceptions import TooManyInterruptions, UnstorableResultError
+from django_pgtasks.lifecycle.claim import forget_bounds
 from django_pgtasks.lifecycle.leases import ABANDONED_SQL, abandoned_params
 from django_pgtasks.lifecycle.row_loading import fast_cursor
 
@@ -105,7 +107,7 @@ _WITHOUT_LAST_WORKER = "t.worker_ids - (jsonb_array_length(t.worker_ids) - 1)"
 # rows.fast_cursor(), which binds parameters on the server (the only binding that takes %b).
 
 #: The lease guard: still RUNNING under the worker and claim that the arrays name.
-_LEASED = ("t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker "
+_LEASED = (f"t.id = v.id AND t.{RUNNING} AND t.locked_by = v.worker "
            "AND t.claims = v.lease")
 
 # Successes: the (JSON text) result of each run; NULL for None.
@@ -381,7 +383,10 @@ def write(using: str, runs: Sequence[tuple[Claimed, Outcome]]) -> dict[int, str]
     params: list[Any] = _interrupted_params() if kind is Interrupted else []
     with fast_cursor(using) as cursor:
         cursor.execute(sql, [*params, *columns])
-        return dict(cursor.fetchall())
+        written = dict(cursor.fetchall())
+    if kind in (Interrupted, Unstarted) and written:
+        forget_bounds()  # back at their place in the queue: claim from the start again
+    return written
 
 
 def _by_id(run: tuple[Claimed, Outcome]) -> int:
@@ -397,10 +402,10 @@ def unclaim(using: str, tasks: Sequence[Claimed]) -> dict[int, str]:
 # a trigger, a constraint): FAILED with a bounded text, and nothing else a fault could lie in
 # (no result, no error history, no counters). Guarded by the lease, or (for the rescue, whose
 # worker is gone) by the state alone.
-END_FOR_GOOD_SQL = """
+END_FOR_GOOD_SQL = f"""
     UPDATE pgtasks_task SET status = 'FAILED', error_text = %s, locked_at = NULL,
         finished_at = statement_timestamp(), updated_at = statement_timestamp()
-    WHERE id = %s AND status = 'RUNNING'
+    WHERE id = %s AND {RUNNING}
       AND (%s::text IS NULL OR (locked_by = %s AND claims = %s))
     RETURNING id, name, locked_by
 """

@@ -41,10 +41,11 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.database.partition_moves import retry_conflicts
-from django_pgtasks.database.schema import is_missing_schema
+from django_pgtasks.database.schema import RUNNING, is_missing_schema
 from django_pgtasks.database.sessions import liveness_mode, open_connection
 from django_pgtasks.database.sqlstates import is_transient
 from django_pgtasks.definition import maintenance_jobs as maintenance
+from django_pgtasks.lifecycle.claim import forget_bounds
 from django_pgtasks.lifecycle.leases import (
     ABANDONED_SQL,
     LOCK_NAMESPACE,
@@ -70,7 +71,7 @@ __all__ = ["LOCK_NAMESPACE", "LOST_WORKER_SQL", "Liveness", "lock_key", "rescue"
 
 #: Which of the given running tasks of a worker were asked to stop (heartbeat safety net).
 CANCEL_REQUESTS_SQL = (
-    "SELECT id FROM pgtasks_task WHERE id = ANY(%s) AND status = 'RUNNING' "
+    f"SELECT id FROM pgtasks_task WHERE id = ANY(%s) AND {RUNNING} "
     "AND locked_by = %s AND cancel_requested"
 )
 
@@ -123,6 +124,8 @@ def _rescue_pass(alias: str, dry_run: bool) -> tuple[list[Rescued], list[str]] |
                 abandoned_params())
             return [Rescued(*row) for row in cursor.fetchall()], []
         rescued = _rescue_rows(alias, cursor)
+        if rescued:
+            forget_bounds()  # back at their place in the queue: claim from the start again
         cursor.execute(FORGET_LOST_WORKERS_SQL, lost_worker_params())
         lost = [row[0] for row in cursor.fetchall()]
     return rescued, lost

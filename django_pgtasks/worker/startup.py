@@ -28,6 +28,7 @@ from django_pgtasks.database.schema import missing_migrations, not_migrated
 from django_pgtasks.database.sessions import open_connection
 from django_pgtasks.definition.routing import database_for_queue, queue_databases, queues_on
 from django_pgtasks.worker.pools import connection_holders
+from django_pgtasks.worker.process_count import default_processes
 from django_pgtasks.worker.supervisor import configure_logging
 
 logger = logging.getLogger("django_pgtasks.run_pgtasks")
@@ -36,15 +37,20 @@ logger = logging.getLogger("django_pgtasks.run_pgtasks")
 WORKER_APPLICATION_NAME = "pgtasks worker"
 
 
-def preflight(alias: str, processes: int, threads: int, pool: str = "thread") -> None:
+def preflight(alias: str, processes: int, threads: int, pool: str = "thread", *,
+              automatic: bool = False) -> int:
     """Before any worker starts on ``alias``: raise
     :class:`~django_pgtasks.exceptions.NotMigratedError` when the database lacks migrations
-    of django-pgtasks, and log a WARNING when ``processes`` worker processes of ``threads``
-    concurrency (with their ``pool``) may need more connections than its server accepts
-    (:mod:`django_pgtasks.database.connection_budget`). A database that cannot be reached is left
-    to the workers, which wait for it (and stop with the same error if it comes back unmigrated)."""
+    of django-pgtasks, and check that ``processes`` worker processes of ``threads``
+    concurrency (with their ``pool``) fit in the connections its server accepts
+    (:mod:`django_pgtasks.database.connection_budget`). Returns the number of processes to
+    start: ``processes``, or for an ``automatic`` count (``PROCESSES = "auto"``) at most as
+    many as fit in half of those connections (the web and other clients need theirs), at
+    least one; an explicit count that does not fit is kept, with a WARNING. A database that
+    cannot be reached is left to the workers, which wait for it (and stop with the same error
+    if it comes back unmigrated)."""
     if connections[alias].vendor != "postgresql":
-        return  # the worker refuses such a database itself (and check E002 reports it)
+        return processes  # the worker refuses such a database itself (check E002 says so)
     try:
         # A connection of its own, closed at once: nothing opened here outlives the start-up
         # or is shared with the workers (or with a pool they would inherit).
@@ -56,14 +62,25 @@ def preflight(alias: str, processes: int, threads: int, pool: str = "thread") ->
     except psycopg.Error as exc:
         logger.info("Start-up checks skipped: database=%s could not be read: %s",
                     alias, str(exc).strip())
-        return
+        return processes
     if missing:
         raise not_migrated(alias, missing)
     if pgtasks_settings.POOLER is not None:
-        return  # the pooler's pool size bounds the server connections, not the workers
+        return processes  # the pooler's pool size bounds the server connections
     available = available_connections(max_connections, superuser_reserved, reserved)
-    needed = connections_needed(processes, connection_holders(pool, threads),
-                                connections[alias].settings_dict)
+    holders = connection_holders(pool, threads)
+    settings_dict = connections[alias].settings_dict
+    if automatic:
+        per_process = connections_needed(1, holders, settings_dict)
+        fitting = max(1, min(processes, available // 2 // per_process))
+        if fitting < processes:
+            logger.info(
+                "PROCESSES 'auto': %d worker process(es) on database=%s rather than one per "
+                "CPU (%d): %d connections each, and the server accepts %d.",
+                fitting, alias, processes, per_process, available,
+            )
+        processes = fitting
+    needed = connections_needed(processes, holders, settings_dict)
     if needed > available:
         logger.warning(
             "Connection budget exceeded: database=%s processes=%d concurrency=%d need up to "
@@ -72,6 +89,7 @@ def preflight(alias: str, processes: int, threads: int, pool: str = "thread") ->
             alias, processes, threads, needed, available, max_connections,
             superuser_reserved + reserved, advice(alias, processes, available),
         )
+    return processes
 
 
 def worker_groups(worker_options: dict[str, Any], database: str | None,
@@ -123,9 +141,10 @@ def dump_threads(signum: int, frame: Any) -> None:
     faulthandler.dump_traceback(all_threads=True)
 
 
-def run(groups: list[dict[str, Any]], processes: int, log_level: str) -> int:
-    """Run the workers of ``groups`` (``processes`` per database) until they stop; return the
-    exit code. One group of one process runs in this process; more run under a supervisor."""
+def run(groups: list[dict[str, Any]], processes: int | None, log_level: str) -> int:
+    """Run the workers of ``groups`` (``processes`` per database; ``None``: as
+    ``PGTASKS["PROCESSES"]`` says) until they stop; return the exit code. One group of one
+    process runs in this process; more run under a supervisor."""
     configure_logging(log_level)
     # `kill -USR1 <pid>` prints every thread's stack to stderr: what a stuck worker is doing,
     # without stopping it (the supervisor's children inherit it).
@@ -134,11 +153,16 @@ def run(groups: list[dict[str, Any]], processes: int, log_level: str) -> int:
     # Name the worker's database sessions (libpq reads PGAPPNAME) so that operators can
     # tell them apart in pg_stat_activity.
     os.environ.setdefault("PGAPPNAME", WORKER_APPLICATION_NAME)
-    for group in groups:
+    automatic = processes is None and pgtasks_settings.PROCESSES == "auto"
+    if processes is None:
+        processes = default_processes(pgtasks_settings.PROCESSES)
+    processes = min(
         preflight(
             group["using"], processes, group["concurrency"] or pgtasks_settings.CONCURRENCY,
-            group.get("pool") or pgtasks_settings.POOL,
+            group.get("pool") or pgtasks_settings.POOL, automatic=automatic,
         )
+        for group in groups
+    )
     if processes > 1 or len(groups) > 1:
         from django_pgtasks.worker.supervisor import Supervisor
 

@@ -44,3 +44,27 @@ def test_run_pgtasks_within_the_budget_says_nothing_about_it(run_command) -> Non
     assert result.returncode == 0, result.stderr
     assert "Worker" in result.stderr  # it did log, just not about connections
     assert "Connection budget" not in result.stderr
+
+
+@pytest.mark.django_db
+def test_auto_processes_fit_in_half_of_the_servers_connections(caplog) -> None:
+    """PROCESSES "auto" on a machine with more CPUs than the database can serve: as many
+    processes as fit in half of the connections the server accepts (the web needs some too),
+    said at INFO; an explicit count is kept, with the budget's WARNING."""
+    import logging
+
+    from django_pgtasks.worker.startup import preflight
+
+    _, available = server_limits()
+    per_process = 4 + 4  # its own connections, and one per thread
+    fitting = available // 2 // per_process
+    assert 1 < fitting < 64
+    with caplog.at_level(logging.INFO, logger="django_pgtasks"):
+        assert preflight("default", 64, 4, automatic=True) == fitting
+        assert preflight("default", 2, 4, automatic=True) == 2
+        assert preflight("default", 64, 4) == 64
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith("PROCESSES 'auto'")] == [
+        f"PROCESSES 'auto': {fitting} worker process(es) on database=default rather than one "
+        f"per CPU (64): {per_process} connections each, and the server accepts {available}."]
+    assert sum("Connection budget exceeded" in m for m in messages) == 1

@@ -217,6 +217,28 @@ def test_forked_worker_processes_with_a_connection_pool_run_each_task_once(
     assert "Started worker process 1" in result.stderr
 
 
+def test_processes_auto_starts_a_worker_process_per_usable_cpu(subprocess_env) -> None:
+    """PGTASKS["PROCESSES"] = "auto" (the default) and no --processes: one worker process per
+    CPU the command may use, each running tasks (the connection budget has room here)."""
+    from django_pgtasks.worker.process_count import usable_cpus
+    from tests.conftest import ROOT, manage_command
+
+    cpus = usable_cpus()
+    Task.objects.enqueue_many(tasks.add.build(i, i) for i in range(200))
+    result = subprocess.run(
+        manage_command("run_pgtasks", "--burst", "--concurrency", "2", "--worker-id", "auto"),
+        env={**subprocess_env, "PGTASKS_TEST_PROCESSES": "auto"}, cwd=ROOT,
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert Task.objects.succeeded().count() == 200
+    started = re.findall(r"Worker (auto-\d+) started", result.stderr)
+    assert sorted(started) == [f"auto-{i}" for i in range(cpus)], result.stderr
+    if cpus == 1:
+        return
+    workers = {ids[0] for ids in Task.objects.values_list("worker_ids", flat=True)}
+    assert workers <= set(started), workers
+
+
 def test_a_worker_process_runs_every_side_job(subprocess_env) -> None:
     """Rescue, purge (of tasks and of events), partitions and scheduler register when their
     modules are imported: a fresh process that loads the worker (as run_pgtasks does) must

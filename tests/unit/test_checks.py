@@ -110,6 +110,10 @@ def test_manage_py_check_fails_on_misconfiguration(settings: Any) -> None:
         ({"LIVENESS": "ping"}, "E011"),
         ({"LISTEN": "yes"}, "E012"),
         ({"AUTODISCOVER": 1}, "E012"),
+        ({"PROCESSES": 0}, "E027"),
+        ({"PROCESSES": "all"}, "E027"),
+        ({"PROCESSES": "2"}, "E027"),
+        ({"PROCESSES": True}, "E027"),
         ({"PREFETCH": "fast"}, "E013"),
         ({"PREFETCH": -1}, "E013"),
         ({"TASK_MODULES": "mysite"}, "E024"),
@@ -155,6 +159,12 @@ def test_an_unknown_key_names_itself_and_suggests_a_misspelling(settings: Any) -
 def test_task_modules_may_list_module_paths(settings: Any) -> None:
     for value in ([], ["mysite"], ("mysite", "shared.jobs")):
         settings.PGTASKS = {"TASK_MODULES": value}
+        assert check_settings() == []
+
+
+def test_processes_may_be_auto_or_a_number(settings: Any) -> None:
+    for value in ("auto", 1, 16):
+        settings.PGTASKS = {"PROCESSES": value}
         assert check_settings() == []
 
 

@@ -73,8 +73,10 @@ class Command(BaseCommand):
                  f"PGTASKS['PREFETCH'], {s.PREFETCH}).",
         )
         parser.add_argument(
-            "--processes", "-p", type=int, default=1,
-            help="Worker processes under one supervisor that restarts any that die (default: 1).",
+            "--processes", "-p", type=int, default=None,
+            help="Worker processes per database, under one supervisor that restarts any that "
+                 "die (default: PGTASKS['PROCESSES'], 'auto': one per CPU this process may "
+                 "use, as many as fit in half the database's connections).",
         )
         parser.add_argument(
             "--burst", action="store_true",
@@ -125,7 +127,7 @@ class Command(BaseCommand):
     def _worker_options(self, options: dict[str, Any]) -> dict[str, Any]:
         if options["concurrency"] is not None and options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1.")
-        if options["processes"] < 1:
+        if options["processes"] is not None and options["processes"] < 1:
             raise CommandError("--processes must be at least 1.")
         if options["poll_interval"] == 0:
             raise CommandError("--poll-interval must be greater than 0.")

@@ -1,0 +1,231 @@
+"""A transaction held open elsewhere in the database (a long report, a session idle in a
+transaction): the dead index entries every run leaves behind cannot be removed meanwhile, and
+the worker's statements must not read them again and again.
+
+- the claim starts where the last claim of its queue ended (its moving lower bound), so it
+  does not step over every task claimed since that transaction began;
+- the statements that find a running task by id (its outcome, a step, a report, an event's
+  wait) look it up in the primary key, never by reading the whole index of running tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.db.models import F
+
+from django_pgtasks.lifecycle import claim as claiming
+from django_pgtasks.lifecycle.recorder import Recorder
+from django_pgtasks.lifecycle.row_loading import ServerBindingCursor
+from django_pgtasks.lifecycle.transitions import SUCCEED_SQL, Succeeded
+from django_pgtasks.models import Status, Task
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: Tasks run while the snapshot is held (each leaves a dead entry in the claim index and in the
+#: index of running tasks), claimed this many at a time.
+TASKS = 1_500
+BATCH = 25
+
+
+def conninfo() -> dict:
+    s = connection.settings_dict
+    return {"host": s["HOST"] or None, "port": s["PORT"] or None, "user": s["USER"] or None,
+            "password": s["PASSWORD"] or None, "dbname": s["NAME"]}
+
+
+@pytest.fixture
+def held_snapshot() -> Iterator[None]:
+    """A REPEATABLE READ transaction of another session, its snapshot taken, left open."""
+    with psycopg.connect(**conninfo()) as reader:
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        reader.execute("SELECT count(*) FROM pgtasks_task").fetchone()
+        yield
+        reader.rollback()
+
+
+def run_tasks(count: int) -> None:
+    """Claim and record ``count`` no-op tasks as the worker's loop does, ``BATCH`` at a time."""
+    recorder = Recorder("default")
+    done = 0
+    while done < count:
+        claimed = Task.objects.claim("w", ["default"], limit=BATCH)
+        assert claimed, f"nothing left to claim after {done} of {count}"
+        written = recorder.record([(task, Succeeded(None)) for task in claimed])
+        assert set(written.values()) == {Status.SUCCESSFUL}
+        done += len(claimed)
+
+
+def buffers_read(sql: str, params: list, *, binary: bool = False, index: str | None = None,
+                 relation: str | None = None) -> int:
+    """Shared buffers the statement's scans of ``index`` (or of any index of ``relation``)
+    read (``EXPLAIN (ANALYZE, BUFFERS)``, rolled back)."""
+    with transaction.atomic():
+        connection.ensure_connection()
+        with ServerBindingCursor(connection.connection) as cursor:  # as the worker binds
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", params,
+                           binary=binary)
+            [[[plan]]] = cursor.fetchall()
+        transaction.set_rollback(True)
+
+    def read(node: dict) -> int:
+        return node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+
+    def scans(node: dict) -> Iterator[dict]:
+        if (index is not None and node.get("Index Name") == index) or (
+                relation is not None and "Scan" in node["Node Type"]
+                and node.get("Relation Name") == relation):
+            yield node
+        for child in node.get("Plans", []):
+            yield from scans(child)
+
+    found = list(scans(plan["Plan"]))
+    assert found, plan
+    return sum(read(node) for node in found)
+
+
+def plan_of(sql: str, params: list) -> str:
+    connection.ensure_connection()
+    with ServerBindingCursor(connection.connection) as cursor:
+        cursor.execute(f"EXPLAIN (COSTS OFF) {sql}", params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_the_claim_does_not_reread_the_tasks_claimed_since_a_held_snapshot(
+    held_snapshot: None,
+) -> None:
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(TASKS + 4 * BATCH))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgtasks_task")
+    run_tasks(BATCH)
+
+    def scan_cost(**options: bool) -> int:
+        sql, params = claiming.plain_statement(Task.objects, ["default"], BATCH, "default",
+                                               **options)
+        return buffers_read(sql, [*params, "w", "w"], index="pgtasks_task_claim_idx")
+
+    early = scan_cost()
+    run_tasks(TASKS)
+    bounded, from_start = scan_cost(), scan_cost(from_bounds=False)
+    # From its bound, the claim's scans read what they read before the 1,500 runs; from the
+    # start, they visit each of those runs' dead entries (and the rows they point to).
+    assert bounded <= early + 5, (early, bounded, from_start)
+    assert from_start > 5 * bounded, (early, bounded, from_start)
+
+
+def with_worker(statement: tuple[str, list]) -> tuple[str, list]:
+    sql, params = statement
+    return sql, [*params, "w", "w"]
+
+
+def test_recording_an_outcome_does_not_reread_the_runs_since_a_held_snapshot(
+    held_snapshot: None,
+) -> None:
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(TASKS + 2 * BATCH))
+    # A backlog of another queue: reading the whole live partition is no cheap option either.
+    Task.objects.enqueue_many(tasks.noop.build(queue="emails") for _ in range(3 * TASKS))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgtasks_task")  # it saw no task running
+
+    def outcome_cost() -> int:
+        claimed = Task.objects.claim("w", ["default"], limit=BATCH)
+        assert len(claimed) == BATCH
+        params = [[t.pk for t in claimed], ["w"] * len(claimed), [t.claims for t in claimed],
+                  [None] * len(claimed)]
+        cost = buffers_read(SUCCEED_SQL, params, binary=True, relation="pgtasks_task_live")
+        Recorder("default").record([(task, Succeeded(None)) for task in claimed])
+        return cost
+
+    early = outcome_cost()
+    run_tasks(TASKS)
+    late = outcome_cost()
+    # Each task is found by its id in the primary key, not by reading the entries of the 1,500
+    # runs before them in the index of running tasks.
+    assert late <= early + 10, (early, late)
+
+
+def test_statements_on_a_running_task_look_it_up_by_its_primary_key() -> None:
+    from django_pgtasks.lifecycle.events import UNFLAG_SQL, WAIT_SQL
+    from django_pgtasks.lifecycle.reports import _ON_ITS_OWN as REPORT_SQL
+    from django_pgtasks.lifecycle.steps import CHECKPOINT_SQL, RESULT, UNFLUSHED
+    from django_pgtasks.lifecycle.transitions import END_FOR_GOOD_SQL
+    from django_pgtasks.worker.liveness import CANCEL_REQUESTS_SQL
+
+    # A backlog (reading the whole live partition costs what it is), no task running: the
+    # index of running tasks looks empty to the planner.
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(5_000))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgtasks_task")
+    lease = {"id": 1, "worker": "w", "claims": 1}
+    statements = {
+        "outcome": (SUCCEED_SQL.replace("%b", "%s"), [[1], ["w"], [1], [None]]),
+        "step": (CHECKPOINT_SQL.format(result=RESULT, **UNFLUSHED),
+                 {**lease, "name": "s", "result": "1", "ms": 1.0}),
+        "report": (REPORT_SQL, {**lease, "progress": None, "entries": "[]", "keep": 10}),
+        "wait": (WAIT_SQL, {**lease, "key": "k"}),
+        "unflag": (UNFLAG_SQL, lease),
+        "last resort": (END_FOR_GOOD_SQL, ["e", 1, None, None, None]),
+        "cancel requests": (CANCEL_REQUESTS_SQL, [[1, 2], "w"]),
+    }
+    for what, (sql, params) in statements.items():
+        plan = plan_of(sql, params)
+        assert "pgtasks_task_live_pkey" in plan, (what, plan)
+        assert "pgtasks_task_running_idx" not in plan, (what, plan)
+        assert "pgtasks_task_done" not in plan, (what, plan)  # pruned to the live partition
+
+
+def test_a_higher_priority_task_enqueued_after_the_bound_is_claimed_first() -> None:
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(10))
+    assert len(Task.objects.claim("w", limit=2)) == 2  # the queue's bound: the 2nd task
+    urgent = Task.objects.enqueue(tasks.noop, priority=150)
+    assert [t.pk for t in Task.objects.claim("w", limit=1)] == [urgent.pk]
+
+
+def enqueued_an_hour_ago() -> Task:
+    task = Task.objects.enqueue(tasks.noop)
+    Task.objects.filter(pk=task.pk).update(run_after=F("run_after") - timedelta(hours=1))
+    return task
+
+
+def test_a_task_that_comes_to_lie_before_the_bound_is_claimed_once_the_range_runs_short(
+) -> None:
+    later = [Task.objects.enqueue(tasks.noop) for _ in range(5)]
+    assert [t.pk for t in Task.objects.claim("w", limit=2)] == [t.pk for t in later[:2]]
+    # Due for an hour: first in claim order, but before the queue's bound.
+    early = enqueued_an_hour_ago()
+    # From the bound, the claim finds the later tasks first (the documented trade-off) ...
+    assert [t.pk for t in Task.objects.claim("w", limit=2)] == [t.pk for t in later[2:4]]
+    # ... and once the range after the bound cannot fill a claim, a scan from the start
+    # tops it up, in the same claim.
+    assert {t.pk for t in Task.objects.claim("w", limit=5)} == {later[4].pk, early.pk}
+
+
+def test_the_bound_is_dropped_after_bound_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claiming, "BOUND_REFRESH", 0.0)  # each bound expires at once
+    later = [Task.objects.enqueue(tasks.noop) for _ in range(5)]
+    assert len(Task.objects.claim("w", limit=2)) == 2
+    early = enqueued_an_hour_ago()
+    assert [t.pk for t in Task.objects.claim("w", limit=1)] == [early.pk]
+    assert [t.pk for t in Task.objects.claim("w", limit=1)] == [later[2].pk]
+
+
+def test_the_bounded_claim_is_index_range_scans_from_the_bound() -> None:
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(2_000))
+    Task.objects.enqueue_many(tasks.noop.build(queue="emails") for _ in range(50))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgtasks_task")
+    # Tasks of both queues claimed: each queue has its bound.
+    Task.objects.filter(queue="emails").update(priority=150)
+    assert len(Task.objects.claim("w", ["default", "emails"], limit=60)) == 60
+    sql, params = with_worker(claiming.plain_statement(Task.objects, ["default", "emails"], 10,
+                                                       "default"))
+    plan = plan_of(sql, params)
+    # Per queue, the higher priorities and the range after the bound.
+    assert plan.count("Index Scan using pgtasks_task_claim_idx") == 4, plan
+    assert plan.count("ROW(run_after, id) >") == 2, plan
+    assert "Bitmap Index Scan on pgtasks_task_claim_idx" not in plan, plan
