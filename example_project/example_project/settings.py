@@ -131,6 +131,9 @@ PGTASKS = {
     # Times a task may be interrupted (worker killed, shut down, connection lost) and run
     # again without spending an attempt.
     "MAX_INTERRUPTIONS": 5,
+    # Worker processes run_pgtasks starts per database without --processes: "auto" is one per
+    # CPU it may use (within half of the database's connections), or a number.
+    "PROCESSES": "auto",
     # Tasks a worker process runs at once (its threads, child processes or coroutines).
     "CONCURRENCY": 4,
     # Where handlers run: "thread", "process" (a child process per task: hard time limits,
