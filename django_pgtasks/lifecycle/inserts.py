@@ -184,6 +184,9 @@ def insert_many(tasks: list[TaskRow], db: str, payloads: list[tuple[str, str]] |
         payloads = [task_payload_json(t) for t in tasks]
     with fast_cursor(db) as cursor:
         now, ids = new_ids(cursor, len(tasks))
+        # COPY sends text: the database's time written out once, not once per column and row
+        # (formatting a datetime was a third of the rows' cost).
+        now_text = now.isoformat()
         timestamps = []
         with copying(cursor, db, COPY_MANY_SQL) as copy:
             write = copy.write_row
@@ -196,7 +199,8 @@ def insert_many(tasks: list[TaskRow], db: str, payloads: list[tuple[str, str]] |
                     run_after = now + timedelta(seconds=delay) if delay else now
                 timestamps.append(run_after)
                 write((pk, values["name"], values["queue"], args, kwargs, values["priority"],
-                       values["max_attempts"], run_after, now, now,
+                       values["max_attempts"], now_text if run_after is now else run_after,
+                       now_text, now_text,
                        _metadata_json(values["metadata"]), values["key"],
                        values["stage"], values["concurrency_key"],
                        values["concurrency_limit"],

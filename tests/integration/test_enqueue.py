@@ -296,6 +296,12 @@ def test_enqueue_many_keeps_every_option_and_returns_saved_tasks() -> None:
     assert delayed.run_after - delayed.created_at == timedelta(minutes=10)
     assert saved[3].run_after == delayed.run_after
     assert rows[saved[0].pk].run_after == rows[saved[0].pk].created_at
+    # The database's time, as stored (written out as text once for the whole COPY) and as the
+    # returned instances hold it, to the microsecond.
+    for task in saved:
+        row = rows[task.pk]
+        assert (task.created_at, task.run_after) == (row.created_at, row.run_after)
+        assert row.updated_at == row.created_at
     assert all(r.status == Status.READY and r.attempt == 0 for r in rows.values())
 
 
