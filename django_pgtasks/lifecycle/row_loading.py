@@ -148,12 +148,8 @@ def _instance_maker(model: type, db: str) -> Any:
     instance ``model.from_db(db, None, values)`` would: for a model that keeps Django's
     ``__init__`` and ``from_db``, with no ``pre_init``/``post_init`` receivers, it sets the
     attributes directly, as ``Model.__init__`` does for positional values."""
-    attnames = [field.attname for field in model._meta.concrete_fields]
-    if (model.__init__ is not Model.__init__
-            or model.from_db.__func__ is not Model.from_db.__func__
-            or pre_init.has_listeners(model) or post_init.has_listeners(model)
-            # A field whose attribute is a data descriptor (a file field's) is set through it.
-            or any(hasattr(type(getattr(model, name, None)), "__set__") for name in attnames)):
+    attnames = _plain_attnames(model)
+    if attnames is None or pre_init.has_listeners(model) or post_init.has_listeners(model):
         return lambda values: model.from_db(db, None, values)
     new = model.__new__
 
@@ -166,6 +162,24 @@ def _instance_maker(model: type, db: str) -> Any:
         return instance
 
     return make
+
+
+#: Per model: its concrete fields' attribute names when instances can be built by setting
+#: them directly (Django's ``__init__`` and ``from_db``, no data descriptor), else ``None``.
+_attnames: dict[type, list[str] | None] = {}
+
+
+def _plain_attnames(model: type) -> list[str] | None:
+    if model not in _attnames:
+        attnames = [field.attname for field in model._meta.concrete_fields]
+        plain = (model.__init__ is Model.__init__
+                 and model.from_db.__func__ is Model.from_db.__func__
+                 # A field whose attribute is a data descriptor (a file field's) is set
+                 # through it.
+                 and not any(hasattr(type(getattr(model, name, None)), "__set__")
+                             for name in attnames))
+        _attnames[model] = attnames if plain else None
+    return _attnames[model]
 
 
 def _forget_plans(**kwargs: Any) -> None:
