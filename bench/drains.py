@@ -1,6 +1,8 @@
 """Drain rates: the workers of each system and configuration drain N no-op tasks in a scenario
-(bench/scenarios.py: backlog, snapshot or burst); the rate is the tasks finished over the span
-from the first task's start to the last one's finish, as the database recorded them. The raw
+(bench/scenarios.py: backlog, snapshot or burst); the rate is the steady drain rate: the tasks
+that finished between the moments 10% and 90% of them had finished, over that span, as the
+database recorded the finishes (the rate over the whole drain, from the first start to the
+last finish, is kept beside it: ``rate_whole_drain``). The raw
 ceiling, django-pgtasks and the peers (pgqueuer, procrastinate, django-tasks-db) are drained
 in interleaved rounds: each round drains every (scenario, size) combination with every system
 and configuration once."""
@@ -23,8 +25,7 @@ from django_pgtasks.worker.process_count import usable_cpus
 
 def drain(system: System, config: Config, n: int, scenario: str, args) -> dict:
     """n tasks drained in the scenario (or stopped after --max-drain-seconds); the rate is the
-    tasks finished over the span from the first start to the last finish, as the database
-    recorded them. Worker and server CPU are counted from the moment the workers are ready,
+    steady rate (see the module doc). Worker and server CPU are counted from the moment the workers are ready,
     per task finished after it (in a prefilled scenario, the workers started on the tasks
     while they got ready)."""
     with connect(args.database) as conn:
@@ -56,11 +57,13 @@ def drain(system: System, config: Config, n: int, scenario: str, args) -> dict:
             finally:
                 stop_workers(procs)
         done, seconds = system.window(conn)
+        steady = system.steady_rate(conn)
     if not done:
         raise RuntimeError(f"{system.name}: no task finished")
     counted = done - finished_before  # none: every task finished before the workers were ready
     return {
-        "rate": done / seconds,
+        "rate": steady or done / seconds,
+        "rate_whole_drain": done / seconds,
         "tasks_done": done,
         "cpu_tasks": counted,
         "rss_mb": rss,
@@ -179,6 +182,7 @@ def section_drains(args, results: dict) -> None:
         got = runs[combination, key]
         if got:
             entry["rate"] = summary([r["rate"] for r in got])
+            entry["rate_whole_drain"] = summary([r["rate_whole_drain"] for r in got])
             for field in ("cpu_us_per_task", "server_cpu_us_per_task"):
                 if values := [r[field] for r in got if field in r]:  # not when the CPU window
                     entry[field] = summary(values)  # was empty (all done before "ready")

@@ -139,8 +139,10 @@ def raw_run(workers: int, batch: int, processes: bool, n: int, scenario: str, ar
             server0 = server_cpu_s()
             cpu = raw_drain(args.database, workers, batch, args.max_drain_seconds, processes)
         done, seconds = pg.window(conn)
+        steady = pg.steady_rate(conn)
     return {
-        "rate": done / seconds,
+        "rate": steady or done / seconds,
+        "rate_whole_drain": done / seconds,
         "tasks_done": done,
         "cpu_us_per_task": cpu / done * 1e6,
         "loadavg": load,

@@ -133,6 +133,22 @@ class System:
         """(tasks finished, seconds from the first start to the last finish)."""
         raise NotImplementedError
 
+    #: The finish time of every task that succeeded (a query of the system's tables).
+    finished_sql: str
+
+    def steady_rate(self, conn) -> float | None:
+        """The steady drain rate: the tasks that finished between the moments 10% and 90% of
+        them had finished, over that span. Leaves out the workers' warm-up (start-up, first
+        claims, the first turn of their side jobs) and the last tasks' tail, which a
+        prefilled backlog otherwise counts in."""
+        done, seconds = conn.execute(
+            "SELECT count(*), extract(epoch FROM percentile_disc(0.9) WITHIN GROUP (ORDER BY t) "
+            f"- percentile_disc(0.1) WITHIN GROUP (ORDER BY t)) FROM ({self.finished_sql}) "
+            "AS f(t)").fetchone()
+        if not done or not seconds:
+            return None
+        return 0.8 * done / float(seconds)
+
     def enqueue_one(self, conn) -> object:
         raise NotImplementedError
 
@@ -146,6 +162,7 @@ class System:
 
 class PgTasks(System):
     name = "django-pgtasks"
+    finished_sql = "SELECT finished_at FROM pgtasks_task WHERE status = 'SUCCESSFUL'"
     app_name = "bench pgtasks"
     default_concurrency = 4  # PGTASKS["CONCURRENCY"]
     # Partitioned: ANALYZE recurses into its partitions (the live one, where waiting tasks are).
@@ -210,6 +227,7 @@ class PgTasks(System):
 
 class Procrastinate(System):
     name = "procrastinate"
+    finished_sql = "SELECT at FROM procrastinate_events WHERE type = 'succeeded'"
     app_name = "bench procrastinate"
     default_concurrency = 1  # procrastinate worker --concurrency default
     queue_tables = ("procrastinate_jobs",)
@@ -270,6 +288,8 @@ class Procrastinate(System):
 
 class DjTasksDb(System):
     name = "django-tasks-db"
+    finished_sql = ("SELECT finished_at FROM django_tasks_database_dbtaskresult "
+                    "WHERE status = 'SUCCESSFUL'")
     app_name = "bench django-tasks-db"
     queue_tables = ("django_tasks_database_dbtaskresult",)
 
@@ -338,6 +358,7 @@ class PgQueuer(System):
     """
 
     name = "pgqueuer"
+    finished_sql = "SELECT created FROM pgqueuer_log WHERE status = 'successful'"
     app_name = "bench pgqueuer"
     default_concurrency = 10  # its batch_size default
     queue_tables = ("pgqueuer",)

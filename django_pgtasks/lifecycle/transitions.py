@@ -107,7 +107,7 @@ _WITHOUT_LAST_WORKER = "t.worker_ids - (jsonb_array_length(t.worker_ids) - 1)"
 # rows.fast_cursor(), which binds parameters on the server (the only binding that takes %b).
 
 #: The lease guard: still RUNNING under the worker and claim that the arrays name.
-_LEASED = (f"t.id = v.id AND t.{RUNNING} AND t.locked_by = v.worker "
+_LEASED = ("t.id = v.id AND t.status = 'RUNNING' AND t.locked_by = v.worker "
            "AND t.claims = v.lease")
 
 # Successes: the (JSON text) result of each run; NULL for None.

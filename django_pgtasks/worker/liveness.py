@@ -41,7 +41,7 @@ from django.db import DatabaseError, InterfaceError, connections, transaction
 
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.database.partition_moves import retry_conflicts
-from django_pgtasks.database.schema import RUNNING, is_missing_schema
+from django_pgtasks.database.schema import is_missing_schema
 from django_pgtasks.database.sessions import liveness_mode, open_connection
 from django_pgtasks.database.sqlstates import is_transient
 from django_pgtasks.definition import maintenance_jobs as maintenance
@@ -71,7 +71,7 @@ __all__ = ["LOCK_NAMESPACE", "LOST_WORKER_SQL", "Liveness", "lock_key", "rescue"
 
 #: Which of the given running tasks of a worker were asked to stop (heartbeat safety net).
 CANCEL_REQUESTS_SQL = (
-    f"SELECT id FROM pgtasks_task WHERE id = ANY(%s) AND {RUNNING} "
+    "SELECT id FROM pgtasks_task WHERE id = ANY(%s) AND status = 'RUNNING' "
     "AND locked_by = %s AND cancel_requested"
 )
 

@@ -4,8 +4,8 @@ the worker's statements must not read them again and again.
 
 - the claim starts where the last claim of its queue ended (its moving lower bound), so it
   does not step over every task claimed since that transaction began;
-- the statements that find a running task by id (its outcome, a step, a report, an event's
-  wait) look it up in the primary key, never by reading the whole index of running tasks.
+- the statements that find one running task by id (a step, a report, an event's wait) look
+  it up in the primary key, never by reading the whole index of running tasks.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from django.db.models import F
 from django_pgtasks.lifecycle import claim as claiming
 from django_pgtasks.lifecycle.recorder import Recorder
 from django_pgtasks.lifecycle.row_loading import ServerBindingCursor
-from django_pgtasks.lifecycle.transitions import SUCCEED_SQL, Succeeded
+from django_pgtasks.lifecycle.transitions import Succeeded
 from django_pgtasks.models import Status, Task
 from tests.testapp import tasks
 
@@ -61,32 +61,25 @@ def run_tasks(count: int) -> None:
         done += len(claimed)
 
 
-def buffers_read(sql: str, params: list, *, binary: bool = False, index: str | None = None,
-                 relation: str | None = None) -> int:
-    """Shared buffers the statement's scans of ``index`` (or of any index of ``relation``)
-    read (``EXPLAIN (ANALYZE, BUFFERS)``, rolled back)."""
+def buffers_read(sql: str, params: list, index: str) -> int:
+    """Shared buffers the statement's scans of ``index`` read (``EXPLAIN (ANALYZE, BUFFERS)``,
+    rolled back)."""
     with transaction.atomic():
         connection.ensure_connection()
         with ServerBindingCursor(connection.connection) as cursor:  # as the worker binds
-            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", params,
-                           binary=binary)
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", params)
             [[[plan]]] = cursor.fetchall()
         transaction.set_rollback(True)
 
-    def read(node: dict) -> int:
-        return node["Shared Hit Blocks"] + node["Shared Read Blocks"]
-
     def scans(node: dict) -> Iterator[dict]:
-        if (index is not None and node.get("Index Name") == index) or (
-                relation is not None and "Scan" in node["Node Type"]
-                and node.get("Relation Name") == relation):
+        if node.get("Index Name") == index:
             yield node
         for child in node.get("Plans", []):
             yield from scans(child)
 
     found = list(scans(plan["Plan"]))
     assert found, plan
-    return sum(read(node) for node in found)
+    return sum(node["Shared Hit Blocks"] + node["Shared Read Blocks"] for node in found)
 
 
 def plan_of(sql: str, params: list) -> str:
@@ -123,38 +116,11 @@ def with_worker(statement: tuple[str, list]) -> tuple[str, list]:
     return sql, [*params, "w", "w"]
 
 
-def test_recording_an_outcome_does_not_reread_the_runs_since_a_held_snapshot(
-    held_snapshot: None,
-) -> None:
-    Task.objects.enqueue_many(tasks.noop.build() for _ in range(TASKS + 2 * BATCH))
-    # A backlog of another queue: reading the whole live partition is no cheap option either.
-    Task.objects.enqueue_many(tasks.noop.build(queue="emails") for _ in range(3 * TASKS))
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE pgtasks_task")  # it saw no task running
-
-    def outcome_cost() -> int:
-        claimed = Task.objects.claim("w", ["default"], limit=BATCH)
-        assert len(claimed) == BATCH
-        params = [[t.pk for t in claimed], ["w"] * len(claimed), [t.claims for t in claimed],
-                  [None] * len(claimed)]
-        cost = buffers_read(SUCCEED_SQL, params, binary=True, relation="pgtasks_task_live")
-        Recorder("default").record([(task, Succeeded(None)) for task in claimed])
-        return cost
-
-    early = outcome_cost()
-    run_tasks(TASKS)
-    late = outcome_cost()
-    # Each task is found by its id in the primary key, not by reading the entries of the 1,500
-    # runs before them in the index of running tasks.
-    assert late <= early + 10, (early, late)
-
-
 def test_statements_on_a_running_task_look_it_up_by_its_primary_key() -> None:
     from django_pgtasks.lifecycle.events import UNFLAG_SQL, WAIT_SQL
     from django_pgtasks.lifecycle.reports import _ON_ITS_OWN as REPORT_SQL
     from django_pgtasks.lifecycle.steps import CHECKPOINT_SQL, RESULT, UNFLUSHED
     from django_pgtasks.lifecycle.transitions import END_FOR_GOOD_SQL
-    from django_pgtasks.worker.liveness import CANCEL_REQUESTS_SQL
 
     # A backlog (reading the whole live partition costs what it is), no task running: the
     # index of running tasks looks empty to the planner.
@@ -163,14 +129,12 @@ def test_statements_on_a_running_task_look_it_up_by_its_primary_key() -> None:
         cursor.execute("ANALYZE pgtasks_task")
     lease = {"id": 1, "worker": "w", "claims": 1}
     statements = {
-        "outcome": (SUCCEED_SQL.replace("%b", "%s"), [[1], ["w"], [1], [None]]),
         "step": (CHECKPOINT_SQL.format(result=RESULT, **UNFLUSHED),
                  {**lease, "name": "s", "result": "1", "ms": 1.0}),
         "report": (REPORT_SQL, {**lease, "progress": None, "entries": "[]", "keep": 10}),
         "wait": (WAIT_SQL, {**lease, "key": "k"}),
         "unflag": (UNFLAG_SQL, lease),
         "last resort": (END_FOR_GOOD_SQL, ["e", 1, None, None, None]),
-        "cancel requests": (CANCEL_REQUESTS_SQL, [[1, 2], "w"]),
     }
     for what, (sql, params) in statements.items():
         plan = plan_of(sql, params)
