@@ -25,9 +25,9 @@ from django_pgtasks.worker.process_count import usable_cpus
 
 def drain(system: System, config: Config, n: int, scenario: str, args) -> dict:
     """n tasks drained in the scenario (or stopped after --max-drain-seconds); the rate is the
-    steady rate (see the module doc). Worker and server CPU are counted from the moment the workers are ready,
-    per task finished after it (in a prefilled scenario, the workers started on the tasks
-    while they got ready)."""
+    steady rate (see the module doc). Worker and server CPU are counted from the moment the
+    workers are ready, per task finished after it (in a prefilled scenario, the workers
+    started on the tasks while they got ready)."""
     with connect(args.database) as conn:
         prepare(system, conn, n, scenario)
         with held_snapshot(system, scenario, args.database):
