@@ -88,7 +88,9 @@ keyed or rate-limited tasks (by at most that many seconds), never break a limit 
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -178,8 +180,11 @@ MODE_SQL = """(
 
 CONTROLLED_SQL = "SELECT * FROM pgtasks_claim_controlled(%s::text[], %s, %s, %s)"
 
-#: Compiled plain claims by (database alias, queues, limit, with the mode column).
-_statements: dict[tuple[str, tuple[str, ...], int, bool], tuple[str, list[Any]]] = {}
+#: Compiled plain claims by (database alias, queues, limit, with the mode column, which queues
+#: are claimed from their bound), the least recently used dropped past the size: a worker's
+#: limits vary with its free threads and prefetch.
+_statements: OrderedDict[tuple[Any, ...], tuple[str, list[Any]]] = OrderedDict()
+_statements_lock = threading.Lock()  # claims of several threads (tests, embedded workers)
 STATEMENT_CACHE_SIZE = 256
 #: Per (database alias, queues): (time.monotonic() until which it holds, controlled?).
 _modes: dict[tuple[str, tuple[str, ...]], tuple[float, bool]] = {}
@@ -265,7 +270,10 @@ def _statement(
     # Compiling the candidate querysets costs more than running the statement, and the
     # result only depends on these: compile once, reuse.
     key = (db, queues, limit, with_mode, bounded)
-    statement = _statements.get(key)
+    with _statements_lock:
+        statement = _statements.get(key)
+        if statement is not None:
+            _statements.move_to_end(key)
     if statement is None:
         candidates = []
         for i, (queue, from_bound) in enumerate(zip(queues, bounded, strict=True)):
@@ -277,8 +285,10 @@ def _statement(
             connections[db], LIVE_TABLE, candidates, limit,
             mode_queues=queues if with_mode else None,
         )
-        if len(_statements) < STATEMENT_CACHE_SIZE:
+        with _statements_lock:
             _statements[key] = statement
+            while len(_statements) > STATEMENT_CACHE_SIZE:
+                _statements.popitem(last=False)
     return statement
 
 

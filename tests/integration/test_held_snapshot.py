@@ -207,3 +207,23 @@ def test_the_bounded_claim_is_index_range_scans_from_the_bound(lasting_bounds: N
     assert plan.count("Index Scan using pgtasks_task_claim_idx") == 4, plan
     assert plan.count("ROW(run_after, id) >") == 2, plan
     assert "Bitmap Index Scan on pgtasks_task_claim_idx" not in plan, plan
+
+
+def test_compiled_claims_are_kept_for_the_most_recently_used_shapes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's claim limits vary (free threads, prefetch): the compiled statements of the
+    shapes used last are kept, the oldest dropped, whatever the number of shapes seen."""
+    monkeypatch.setattr(claiming, "STATEMENT_CACHE_SIZE", 4)
+    monkeypatch.setattr(claiming, "_statements", type(claiming._statements)())
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(3))
+    for limit in range(1, 9):
+        Task.objects.claim("w", ["default"], limit=limit)
+        claiming.forget_bounds()  # each claim from the start: one shape per limit
+        Task.objects.filter(status=Status.RUNNING).update(status=Status.READY)
+    assert len(claiming._statements) == 4
+    limits = [key[2] for key in claiming._statements]
+    assert limits[-1] == 8
+    assert 1 not in limits
+    Task.objects.claim("w", ["default"], limit=limits[0])  # used again: the most recent
+    assert list(claiming._statements)[-1][2] == limits[0]
