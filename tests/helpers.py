@@ -62,6 +62,13 @@ def assert_reads_only_the_window(plan: str, since: datetime, now: datetime) -> N
     assert not set(large_seq_scans(plan)) - window - {"pgtasks_task_live"}, plan
 
 
+def conninfo() -> dict:
+    """psycopg keyword arguments for a session of its own on the test database."""
+    s = connection.settings_dict
+    return {"host": s["HOST"] or None, "port": s["PORT"] or None, "user": s["USER"] or None,
+            "password": s["PASSWORD"] or None, "dbname": s["NAME"]}
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 120, what: str = "") -> None:
     """Poll ``condition`` every 20 ms; fail the test if it is still false after ``timeout``.
 

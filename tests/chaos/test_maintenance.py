@@ -25,7 +25,7 @@ from django_pgtasks.definition import maintenance_jobs as maintenance
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.worker.maintainer import STOP_WAIT
-from tests.helpers import DAY, first_period_start, wait_until
+from tests.helpers import DAY, conninfo, first_period_start, wait_until
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow,
@@ -39,11 +39,6 @@ START_AT_MOST = 0.5
 #: Tasks enqueued one at a time, each while a detach waits for the reader.
 ROUNDS = 4
 
-
-def conninfo() -> dict:
-    s = connection.settings_dict
-    return {"host": s["HOST"] or None, "port": s["PORT"] or None, "user": s["USER"] or None,
-            "password": s["PASSWORD"] or None, "dbname": s["NAME"]}
 
 
 def detach_waiting(watcher: psycopg.Connection) -> bool:

@@ -23,6 +23,7 @@ from django_pgtasks.lifecycle.recorder import Recorder
 from django_pgtasks.lifecycle.row_loading import ServerBindingCursor
 from django_pgtasks.lifecycle.transitions import Succeeded
 from django_pgtasks.models import Status, Task
+from tests.helpers import conninfo
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,11 +33,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 TASKS = 1_500
 BATCH = 25
 
-
-def conninfo() -> dict:
-    s = connection.settings_dict
-    return {"host": s["HOST"] or None, "port": s["PORT"] or None, "user": s["USER"] or None,
-            "password": s["PASSWORD"] or None, "dbname": s["NAME"]}
 
 
 @pytest.fixture
