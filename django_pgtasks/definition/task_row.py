@@ -15,6 +15,8 @@ class TaskRow(Protocol):
     """A task as the handlers and the transitions see it."""
 
     pk: Any
+    #: The same value as ``pk``, as a plain attribute: what the paths every task takes read.
+    id: int
     name: str
     queue: str
     args: Any

@@ -371,7 +371,7 @@ def _set_bounds(db: str, queues: tuple[str, ...], from_bounds: Sequence[TaskRow]
     may have come to lie there since: they are read again); one that the scan found nothing
     of, or that no scan read, at the latest of its bound and the tasks claimed from it."""
     def last(rows: Sequence[TaskRow], queue: str) -> tuple[Any, ...] | None:
-        keys = [(r.priority, r.run_after, r.pk) for r in rows if r.queue == queue]
+        keys = [(r.priority, r.run_after, r.id) for r in rows if r.queue == queue]
         return max(keys, key=_order_key) if keys else None
 
     bounds = {}
@@ -455,6 +455,6 @@ def _claim(
 
 
 def _sorted(tasks: Sequence[TaskRow]) -> ClaimedTasks:
-    result = ClaimedTasks(sorted(tasks, key=lambda t: (-t.priority, t.run_after, t.pk)))
+    result = ClaimedTasks(sorted(tasks, key=lambda t: (-t.priority, t.run_after, t.id)))
     result.retry_in = getattr(tasks, "retry_in", None)
     return result

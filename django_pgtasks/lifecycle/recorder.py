@@ -86,19 +86,19 @@ class Recorder:
                 return {**self._record(runs[:middle]), **self._record(runs[middle:])}
             return self._fallback(runs[0], exc)
         if written is None:
-            return {task.pk: None for task, _ in runs}
+            return {task.id: None for task, _ in runs}
         for task, _ in runs:
-            if task.pk not in written:
+            if task.id not in written:
                 logger.warning(
                     "Task id=%s name=%s was no longer held by worker %s when its run ended; "
-                    "its outcome was not recorded.", task.pk, task.name, task.locked_by)
-        return {task.pk: written.get(task.pk, "") for task, _ in runs}
+                    "its outcome was not recorded.", task.id, task.name, task.locked_by)
+        return {task.id: written.get(task.id, "") for task, _ in runs}
 
     def _fallback(self, run: tuple[Claimed, Outcome], exc: Exception) -> dict[int, str | None]:
         task, outcome = run
         kind = type(outcome).__name__.lower()
         logger.error("Task id=%s name=%s: its outcome (%s) could not be recorded: %r",
-                     task.pk, task.name, kind, exc, exc_info=exc)
+                     task.id, task.name, kind, exc, exc_info=exc)
         replacements: list[Outcome] = []
         # A run that never started is not the handler's failure: only given back, or
         # interrupted.
@@ -111,28 +111,28 @@ class Recorder:
             try:
                 written = self._with_retries([(task, replacement)])
             except Exception as again:
-                logger.error("Task id=%s: recording %s instead failed too: %r", task.pk,
+                logger.error("Task id=%s: recording %s instead failed too: %r", task.id,
                              type(replacement).__name__, again, exc_info=again)
                 continue
             if written is None:
-                return {task.pk: None}
-            return {task.pk: written.get(task.pk, "")}
+                return {task.id: None}
+            return {task.id: written.get(task.id, "")}
         if isinstance(outcome, Unstarted):  # never ran: never ended without running
             logger.error("Task id=%s name=%s stays RUNNING until the rescue of abandoned tasks "
-                         "takes it back.", task.pk, task.name)
-            return {task.pk: None}
+                         "takes it back.", task.id, task.name)
+            return {task.id: None}
         # Nothing else could be written: the simplest end there is, so that the run is never
         # given back to run again for a fault in its recording.
         try:
-            ended = self.attempt(lambda: end_for_good(self.using, task.pk, exc, lease=task) or ())
+            ended = self.attempt(lambda: end_for_good(self.using, task.id, exc, lease=task) or ())
         except Exception as again:
             logger.critical("Task id=%s name=%s: even the simplest end was refused (%r); it "
                             "stays RUNNING until the rescue of abandoned tasks takes it.",
-                            task.pk, task.name, again, exc_info=again)
-            return {task.pk: None}
+                            task.id, task.name, again, exc_info=again)
+            return {task.id: None}
         if ended is None:
-            return {task.pk: None}
-        return {task.pk: "FAILED" if ended else ""}
+            return {task.id: None}
+        return {task.id: "FAILED" if ended else ""}
 
     def _with_retries(self, runs: list[tuple[Claimed, Outcome]]) -> dict[int, str] | None:
         """:func:`write`, tried again on transient errors; ``None`` if it never succeeded."""

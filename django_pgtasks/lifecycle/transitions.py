@@ -66,7 +66,9 @@ MAX_RETRY_DELAY = 100 * 366 * 24 * 3600.0
 class Claimed(Protocol):
     """What the transitions need of a claimed task: its id and its lease."""
 
-    pk: int
+    #: The primary key, read as ``id`` on the paths every task takes (``Model.pk`` is a
+    #: property that looks the primary key's field up on each read).
+    id: int
     name: str
     locked_by: str | None
     #: The lease: the number of the claim this run holds.
@@ -372,7 +374,7 @@ def write(using: str, runs: Sequence[tuple[Claimed, Outcome]]) -> dict[int, str]
     for task, outcome in sorted(runs, key=_by_id):
         if type(outcome) is not kind:
             raise TypeError("write() takes outcomes of one kind.")
-        columns[0].append(task.pk)
+        columns[0].append(task.id)
         columns[1].append(task.locked_by)
         columns[2].append(task.claims)
         values = extra(outcome)
@@ -390,7 +392,7 @@ def write(using: str, runs: Sequence[tuple[Claimed, Outcome]]) -> dict[int, str]
 
 
 def _by_id(run: tuple[Claimed, Outcome]) -> int:
-    return run[0].pk
+    return run[0].id
 
 
 def unclaim(using: str, tasks: Sequence[Claimed]) -> dict[int, str]:

@@ -102,11 +102,11 @@ class Completion:
             self._pending.forget(entries)
             if any(getattr(task, "has_dependents", False) for task, *_ in entries):
                 self._on_release()  # the notification may be off or late
-            if any(statuses.get(task.pk) is None for task, *_ in entries):
+            if any(statuses.get(task.id) is None for task, *_ in entries):
                 self._lost()
             # The batch's callbacks go to their thread as one job, not one each: a hand-off to
             # a thread costs more than a quick callback (signals, a log line).
-            calls = [(done, statuses.get(task.pk)) for task, _outcome, done, _at in entries]
+            calls = [(done, statuses.get(task.id)) for task, _outcome, done, _at in entries]
             self._callbacks.call(lambda calls=calls: _call_each(calls))
 
     def interrupt(self, tasks: list[Any], reason: str) -> None:
@@ -115,7 +115,7 @@ class Completion:
         interrupted = Interrupted(reason)
         statuses = self.recorder.record([(task, interrupted) for task in tasks])
         for task in tasks:  # their threads may never finish: their spans end here
-            end_run(task, statuses.get(task.pk), interrupted, None)
+            end_run(task, statuses.get(task.id), interrupted, None)
 
     def stop(self, timeout: float) -> bool:
         """Let the callbacks called so far run, then end their thread; ``False`` if they
@@ -136,7 +136,7 @@ class PendingOutcomes:
     def add(self, task: Any, outcome: Outcome, done: Callable[[str | None], None]) -> None:
         with self._lock:
             self._entries.append((task, outcome, done, time.monotonic()))
-            self._ids.add(task.pk)
+            self._ids.add(task.id)
 
     def ids(self) -> set[int]:
         """Ids of the tasks whose outcome is handed in and not recorded yet."""
@@ -162,7 +162,7 @@ class PendingOutcomes:
 
     def forget(self, entries: list[Entry]) -> None:
         with self._lock:
-            self._ids.difference_update(task.pk for task, *_ in entries)
+            self._ids.difference_update(task.id for task, *_ in entries)
 
 
 class Callbacks:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_pgtasks.models import Status, Task
+from django_pgtasks.worker.loop import Worker
 from tests.helpers import Output, wait_until
 from tests.testapp import tasks
 
@@ -345,3 +347,23 @@ def test_a_second_signal_still_prints_the_outcome_of_every_recorded_task(start_c
     line = rf"Task id={quick.pk} name=tests.testapp.tasks.add queue=default state=SUCCESSFUL"
     assert re.search(line, out.text), out.text
     assert out.text.index("state=SUCCESSFUL") < out.text.index("Worker twice stopped"), out.text
+
+
+def test_the_worker_freezes_what_its_start_up_made_out_of_the_collectors_passes(
+        run_command) -> None:
+    """The command's worker owns its process: Django, the apps and the handlers' modules are
+    frozen out of the garbage collector's generations once it has started (its full passes
+    would walk them again and again as claimed tasks come and go). A worker run inside a
+    process it does not own (a test's, an application's thread) leaves the collector alone."""
+    task = Task.objects.enqueue(tasks.frozen_objects)
+    result = run_command("run_pgtasks", "--burst")
+    assert result.returncode == 0, result.stderr
+    task.refresh_from_db()
+    assert task.status == Status.SUCCESSFUL
+    assert task.result > 10_000  # Django and the apps alone are well over that
+
+    in_process = Task.objects.enqueue(tasks.frozen_objects)
+    assert gc.get_freeze_count() == 0
+    Worker(burst=True).run(install_signals=False)
+    in_process.refresh_from_db()
+    assert in_process.result == 0

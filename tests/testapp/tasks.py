@@ -410,3 +410,11 @@ def records_and_waits(ctx: TaskContext, gate: str) -> int:
     while not os.path.exists(gate):
         pause(0.01)
     return os.getpid()
+
+
+@pgtask
+def frozen_objects() -> int:
+    """How many objects of this process the garbage collector keeps frozen (gc.freeze)."""
+    import gc
+
+    return gc.get_freeze_count()

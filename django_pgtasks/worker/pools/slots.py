@@ -94,7 +94,7 @@ class SlotPool:
 
     def submit(self, task: Task, limit: float | None = None) -> None:
         with self._lock:
-            self._running[task.pk] = self._new_run(task, limit)
+            self._running[task.id] = self._new_run(task, limit)
         self._queue.put(task)
 
     def take_waiting(self) -> list[Task]:
@@ -107,7 +107,7 @@ class SlotPool:
                 except queue.Empty:
                     break
                 if item is not None:
-                    self._running.pop(item.pk, None)
+                    self._running.pop(item.id, None)
                     taken.append(item)
         return taken
 
@@ -123,7 +123,7 @@ class SlotPool:
         slot is to stop. A task taken back meanwhile is skipped."""
         while (task := self._queue.get()) is not None:
             with self._lock:
-                run = self._running.get(task.pk)
+                run = self._running.get(task.id)
                 if run is not None:
                     run.started = True
                     self._starting(run)
@@ -148,8 +148,8 @@ class SlotPool:
                 return None
             # Only this run: once its outcome is recorded, the same task may already be
             # claimed again (a retry due at once) and submitted under the same id.
-            if self._running.get(run.task.pk) is run:
-                del self._running[run.task.pk]
+            if self._running.get(run.task.id) is run:
+                del self._running[run.task.id]
             if rest:
                 self._resting += 1  # counted before the slot is seen free
         self._slot_freed.set()

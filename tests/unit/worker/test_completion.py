@@ -20,7 +20,7 @@ from django_pgtasks.worker.completion import (
 
 def hand_in(pending: PendingOutcomes, *pks: int) -> None:
     for pk in pks:
-        pending.add(SimpleNamespace(pk=pk), Succeeded(pk), lambda status: None)
+        pending.add(SimpleNamespace(pk=pk, id=pk), Succeeded(pk), lambda status: None)
 
 
 def test_nothing_waiting_is_never_due() -> None:
@@ -169,7 +169,7 @@ class Completed:
             on_release=lambda: self.released.append(True), lost=lambda: self.lost.append(True))
 
     def hand_in(self, pk: int, has_dependents: bool = False) -> None:
-        task = SimpleNamespace(pk=pk, has_dependents=has_dependents)
+        task = SimpleNamespace(pk=pk, id=pk, has_dependents=has_dependents)
         self.completion.hand_in(task, Succeeded(pk),
                                 lambda status: self.done.append((pk, status)))
 
