@@ -78,7 +78,11 @@ class Completion:
                 end_run(task, status, outcome, None)
 
         self._pending.add(task, outcome, done)
-        self._wakeup.set()
+        # Set only if not set already: the loop clears the wake-up before it reads what it
+        # was woken for (Worker._sleep), so a wake-up still pending covers this outcome too,
+        # and set() takes a lock and notifies even when there is nothing to change.
+        if not self._wakeup.is_set():
+            self._wakeup.set()
 
     def due_in(self) -> float | None:
         """Seconds until the outcomes handed in should be recorded (``None``: none waits)."""

@@ -152,7 +152,8 @@ class SlotPool:
                 del self._running[run.task.id]
             if rest:
                 self._resting += 1  # counted before the slot is seen free
-        self._slot_freed.set()
+        if not self._slot_freed.is_set():  # pending already: as in Completion.hand_in
+            self._slot_freed.set()
         return rest
 
     def _rest_for(self, seconds: float) -> None:
