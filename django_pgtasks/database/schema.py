@@ -34,15 +34,17 @@ LIVE_TABLE = "pgtasks_task_live"
 DONE_TABLE = "pgtasks_task_done"
 FAILED_TABLE = "pgtasks_task_failed"
 #: "The task is running", for statements that find *one* running task by its id (a step's
-#: checkpoint, a progress report, an event's wait, the last-resort end): the same rows as
+#: checkpoint, a progress report, an event's wait, the last-resort end), or a few (the
+#: outcomes of a small batch, ``BY_ID_AT_MOST`` in lifecycle/transitions.py): the same rows as
 #: ``status = 'RUNNING'``, and PostgreSQL still reads only the live partition, but it cannot
 #: use the partial index of running tasks (``pgtasks_task_running_idx``), which the planner
 #: may read whole instead of looking the id up in the primary key: statistics taken while few
 #: tasks ran make that index look empty, and its dead entries (one per run, kept while any
 #: transaction in the database is older) make the read grow with every task run meanwhile.
-#: Not for statements on many tasks at once (the batched outcomes): for those the planner
-#: may then prefer reading the whole live partition, and the running index, small as long as
-#: nothing holds its dead entries, serves them best. Prefix it with a table alias as needed.
+#: Not for statements on many tasks at once (a large batch of outcomes): for those the
+#: planner may then prefer reading the whole live partition, and the running index, small as
+#: long as nothing holds its dead entries, serves them best. Prefix it with a table alias as
+#: needed.
 RUNNING = "status BETWEEN 'RUNNING' AND 'RUNNING'"
 #: The sequence of task ids (made by migration 0014, owned by the task table). Named, not
 #: looked up with ``pg_get_serial_sequence()``, which a query evaluates once per row.

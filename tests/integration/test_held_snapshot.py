@@ -4,8 +4,9 @@ the worker's statements must not read them again and again.
 
 - the claim starts where the last claim of its queue ended (its moving lower bound), so it
   does not step over every task claimed since that transaction began;
-- the statements that find one running task by id (a step, a report, an event's wait) look
-  it up in the primary key, never by reading the whole index of running tasks.
+- the statements that find one running task by id (a step, a report, an event's wait), and
+  the outcomes of a small batch, look the tasks up in the primary key, never by reading the
+  whole index of running tasks.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from django.db.models import F
 from django_pgtasks.lifecycle import claim as claiming
 from django_pgtasks.lifecycle.recorder import Recorder
 from django_pgtasks.lifecycle.row_loading import ServerBindingCursor
-from django_pgtasks.lifecycle.transitions import Succeeded
+from django_pgtasks.lifecycle.transitions import BY_ID_AT_MOST, Succeeded, statement_for
 from django_pgtasks.models import Status, Task
 from tests.helpers import conninfo
 from tests.testapp import tasks
@@ -148,6 +149,35 @@ def test_statements_on_a_running_task_look_it_up_by_its_primary_key() -> None:
         assert "pgtasks_task_live_pkey" in plan, (what, plan)
         assert "pgtasks_task_running_idx" not in plan, (what, plan)
         assert "pgtasks_task_done" not in plan, (what, plan)  # pruned to the live partition
+
+
+def outcome_statement(claimed: list[Task], runs: int | None = None) -> tuple[str, list]:
+    """The successes of ``claimed`` as the worker records them (in a statement for a batch
+    of ``runs``, by default as many as there are)."""
+    return statement_for(Succeeded, runs or len(claimed)), [
+        [t.id for t in claimed], [t.locked_by for t in claimed], [t.claims for t in claimed],
+        [None] * len(claimed)]
+
+
+def test_a_small_batch_of_outcomes_reads_no_dead_entry_of_the_running_index(
+    held_snapshot: None,
+) -> None:
+    """The worker's defaults record a few outcomes at a time: each such statement finds its
+    rows by primary key, so it reads about as much after 1,500 runs under a held snapshot
+    as before. Through the index of running tasks, as a large batch finds its rows, the same
+    statement reads a dead entry for each of those runs."""
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(TASKS + 4 * BATCH))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgtasks_task")
+    early = buffers_read(*outcome_statement(Task.objects.claim("w", limit=4)),
+                         index="pgtasks_task_live_pkey")
+    run_tasks(TASKS)
+    claimed = Task.objects.claim("w", limit=4)
+    by_id = buffers_read(*outcome_statement(claimed), index="pgtasks_task_live_pkey")
+    assert by_id <= 2 * early, (early, by_id)
+    by_index = buffers_read(*outcome_statement(claimed, runs=BY_ID_AT_MOST + 1),
+                            index="pgtasks_task_running_idx")
+    assert by_index > 5 * by_id, (early, by_id, by_index)
 
 
 def test_a_higher_priority_task_enqueued_after_the_bound_is_claimed_first(
