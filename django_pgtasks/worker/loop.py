@@ -177,7 +177,11 @@ class Worker:
     # -- the loop --------------------------------------------------------------------------
 
     def run(self, install_signals: bool = True) -> int:
-        """Work until stopped (or, in burst mode, until idle). Returns a process exit code."""
+        """Work until stopped (or, in burst mode, until idle). Returns a process exit code.
+
+        ``install_signals``: this worker owns its process (the command's): it installs the
+        signal handlers of a graceful shutdown, and freezes its start-up out of the garbage
+        collector. ``False`` for a worker run in a process it shares (a test's)."""
         if install_signals:
             self._install_signal_handlers()
         pool = self._start()
