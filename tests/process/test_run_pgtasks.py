@@ -363,7 +363,7 @@ def test_the_worker_freezes_what_its_start_up_made_out_of_the_collectors_passes(
     assert task.result > 10_000  # Django and the apps alone are well over that
 
     in_process = Task.objects.enqueue(tasks.frozen_objects)
-    assert gc.get_freeze_count() == 0
+    before = gc.get_freeze_count()
     Worker(burst=True).run(install_signals=False)
     in_process.refresh_from_db()
-    assert in_process.result == 0
+    assert in_process.result == before
