@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import queue
 import secrets
 import signal
 import socket
@@ -136,6 +137,9 @@ class Worker:
         self._stop = threading.Event()
         self._stopping = threading.Lock()
         self._force = threading.Event()
+        #: The signals handed over by the handlers to the thread that acts on them (see
+        #: _install_signal_handlers); ``None`` until installed.
+        self._signals: queue.SimpleQueue[str | None] | None = None
         self._error_pause = s.ERROR_PAUSE
         self._pool: Pool | None = None
         self._wakeup = threading.Event()
@@ -228,6 +232,8 @@ class Worker:
             code = max(self._shutdown(pool), self._exit_code)
         finally:
             self._stop_parts()
+            if self._signals is not None:
+                self._signals.put(None)  # the relay's thread ends
         logger.info("Worker %s stopped after %d task(s).", self.worker_id, self.processed)
         return code
 
@@ -449,9 +455,26 @@ class Worker:
             self.stop()
 
     def _install_signal_handlers(self) -> None:
-        def handle(signum: int, frame: FrameType | None) -> None:
-            self.request_stop(f"{signal.Signals(signum).name} received")
+        """``SIGTERM`` and ``SIGINT`` stop the worker (:meth:`request_stop`), on a thread of
+        their own. A Python signal handler runs on the main thread between two of its
+        bytecodes, wherever that thread is: inside a lock the loop holds (the pool's, an
+        event's), or inside the handler of the signal before. A handler that took such a
+        lock itself waited for its own thread for ever: a second ``SIGTERM`` on the heels of
+        the first (a process manager's and the supervisor's) once hung a worker that way. So
+        the handler only hands the signal over, with ``SimpleQueue.put``, which is reentrant
+        and takes no lock a Python thread can hold."""
+        signals: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        reasons = {signal.SIGTERM: "SIGTERM received", signal.SIGINT: "SIGINT received"}
 
+        def relay() -> None:
+            while (reason := signals.get()) is not None:
+                self.request_stop(reason)
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            signals.put(reasons.get(signum, "A signal received"))
+
+        threading.Thread(target=relay, name="pgtasks-signals", daemon=True).start()
+        self._signals = signals
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from datetime import timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from django_pgtasks import pgtask, signals
 from django_pgtasks.definition.error_text import truncate_error
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker.loop import Worker, format_exception
+from tests.helpers import wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -335,3 +337,28 @@ def test_a_quick_task_is_signalled_at_once_while_every_thread_runs_a_long_one(
     assert not runner.is_alive()
     assert {t.status for t in Task.objects.filter(pk__in=[t.pk for t in slow])} <= {
         Status.SUCCESSFUL, Status.READY}
+
+
+@pytest.mark.timeout(60)
+def test_signals_that_land_inside_a_lock_of_the_loop_stop_the_worker_without_hanging_it() -> None:
+    """A signal handler runs on the main thread wherever that thread is: here inside the
+    loop's wake-up event (as in ``Event.clear()``), and a second ``SIGTERM`` on the heels of
+    the first. The handler hands each over to a thread of its own and returns at once; had it
+    taken that lock itself, the main thread would wait for itself for ever."""
+    worker = Worker(burst=True)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        worker._install_signal_handlers()
+        handle = signal.getsignal(signal.SIGTERM)
+        assert callable(handle)
+        with worker._wakeup._cond:  # type: ignore[attr-defined]  # the event's own lock
+            handle(signal.SIGTERM, None)
+            handle(signal.SIGTERM, None)
+            assert not worker._force.is_set()  # acted upon on their thread, not in here
+        wait_until(worker._force.is_set, 30, "the second SIGTERM to stop the worker at once")
+        assert worker._stop.is_set()
+    finally:
+        if worker._signals is not None:
+            worker._signals.put(None)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
