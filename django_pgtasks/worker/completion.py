@@ -92,12 +92,15 @@ class Completion:
         """Ids of the tasks whose outcome is handed in and not recorded yet."""
         return self._pending.ids()
 
-    def record(self, everything: bool = False) -> None:
+    def record(self, everything: bool = False) -> int:
         """Record the outcomes handed in, once the oldest has waited ``COMPLETION_WINDOW``
         (or a batch is full; ``everything``: all of them now), then run their callbacks on
-        the callbacks' thread (not a pool thread, which may be busy for hours)."""
+        the callbacks' thread (not a pool thread, which may be busy for hours). Returns how
+        many outcomes were taken to be recorded."""
+        taken = 0
         while (due := self._pending.due_in()) is not None and (everything or due <= 0):
             entries = self._pending.take()
+            taken += len(entries)
             try:
                 statuses = self.recorder.record([(task, outcome) for task, outcome, *_ in entries])
             except Exception:  # a defect in recording itself: the orphan check takes over
@@ -112,6 +115,7 @@ class Completion:
             # a thread costs more than a quick callback (signals, a log line).
             calls = [(done, statuses.get(task.id)) for task, _outcome, done, _at in entries]
             self._callbacks.call(lambda calls=calls: _call_each(calls))
+        return taken
 
     def interrupt(self, tasks: list[Any], reason: str) -> None:
         """Record the runs of ``tasks`` as interrupted, now and on this thread: the worker

@@ -204,7 +204,11 @@ class Worker:
             while not self._stop.is_set():
                 if self._check_orphans:
                     self._give_back_orphans()
-                self.completion.record()
+                if self.completion.record() and self.burst:
+                    # Outcomes just recorded, maybe the last: no wake-up will follow them, so
+                    # a burst worker claims again now (a retry they made due is found, or
+                    # nothing, and it ends) rather than at its next poll.
+                    look = True
                 busy = pool.busy  # sampled before the claim, see the burst check below
                 recording = self.completion.due_in() is not None
                 wanted = self.prefetch.wanted(self.concurrency - pool.resting, busy)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from datetime import timedelta
 
 import pytest
@@ -362,3 +363,23 @@ def test_signals_that_land_inside_a_lock_of_the_loop_stop_the_worker_without_han
             worker._signals.put(None)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def test_a_burst_worker_ends_once_its_last_outcomes_are_recorded_not_at_its_next_poll(
+        settings) -> None:
+    """The last outcomes are recorded after the completion window, when nothing will wake
+    the loop any more: a burst worker then claims once more (a retry they made due would be
+    found) and, finding nothing, ends, instead of sleeping until its next poll."""
+    settings.PGTASKS = {**settings.PGTASKS, "COMPLETION_WINDOW": 0.3}
+    task = Task.objects.enqueue(tasks.noop)
+    worker = Worker(burst=True, concurrency=4, poll_interval=120)
+    ended = threading.Event()
+    runner = threading.Thread(target=lambda: (worker.run(install_signals=False), ended.set()))
+    runner.start()
+    try:
+        wait_until(ended.is_set, 60, "the burst worker to end before its next poll (120 s)")
+    finally:
+        worker.stop()
+        runner.join()
+    task.refresh_from_db()
+    assert task.status == Status.SUCCESSFUL
