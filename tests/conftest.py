@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -92,13 +93,15 @@ def run_command(subprocess_env: dict[str, str]) -> Callable[..., subprocess.Comp
 @contextlib.contextmanager
 def started_processes(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen]]:
     """A function that starts ``django-admin <args>`` in the background with ``env`` (plus
-    the keyword arguments as variables); every process still running at the end is killed."""
+    the keyword arguments as variables); at the end, every process still running is killed
+    with the processes it started (each runs in a session of its own): a supervisor's worker
+    processes must not outlive the test and claim the next test's tasks."""
     processes: list[subprocess.Popen] = []
 
     def start(*args: str, **extra: str) -> subprocess.Popen:
         process = subprocess.Popen(
             manage_command(*args), env={**env, **extra}, cwd=ROOT, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         processes.append(process)
         return process
@@ -107,8 +110,8 @@ def started_processes(env: dict[str, str]) -> Iterator[Callable[..., subprocess.
         yield start
     finally:
         for process in processes:
-            if process.poll() is None:
-                process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # its children too, even if it ended
             process.wait(timeout=10)
             if process.stdout:
                 process.stdout.close()
