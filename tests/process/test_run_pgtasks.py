@@ -175,7 +175,6 @@ def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
     out.wait_for(r"Started worker process 1 pid=(\d+)")
     wait_until(lambda: Task.objects.filter(locked_by="sup-0").exists())
     os.kill(first, signal.SIGKILL)
-    orphans = set(Task.objects.held_by("sup-0").values_list("pk", flat=True))
     out.wait_for(rf"Worker process 0 pid={first} exited with code -9; restarting")
     line = len(out.lines)
     replacement = int(out.wait_for(r"Started worker process 0 pid=(\d+)", after=line).group(1))
@@ -189,7 +188,9 @@ def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
     rescued = {pk for pk, errors in Task.objects.values_list("pk", "errors")
                if any("worker sup-0 stopped" in str(error) for error in errors)}
     assert rescued, "no task of the killed process was rescued"
-    assert rescued <= orphans
+    # Every interrupted task is one the rescue took from the killed process, none of the
+    # live one's. (Not checked against the tasks held by sup-0 read right after the kill: a
+    # claim whose COMMIT the process sent just before it died commits a moment later.)
     assert {pk for pk, n in interrupted.items() if n == 1} == rescued
     assert set(Task.objects.values_list("attempt", flat=True)) == {1}
     assert Task.objects.filter(locked_by="sup-0.1").exists()  # the replacement's new id
