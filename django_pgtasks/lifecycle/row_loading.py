@@ -92,7 +92,7 @@ def fast_cursor(db: str) -> Iterator[CursorWrapper]:
 
 #: How rows of one shape become instances, per (model, database alias, column names): worked
 #: out once, not per claim (reading a cursor's description builds an object per column).
-_plans: dict[tuple[type, str, tuple[bytes, ...]], tuple[list[int], list, list]] = {}
+_plans: dict[tuple[type, str, tuple[bytes, ...]], tuple[list[int], list[int], list, list]] = {}
 
 _decode_json = json.JSONDecoder().decode  # what json.loads(text) calls
 
@@ -122,7 +122,11 @@ def _converter(field: Any, converter: Any) -> Any:
     return converter
 
 
-def _plan(model: type, db: str, names: tuple[bytes, ...]) -> tuple[list[int], list, list]:
+def _plan(model: type, db: str,
+          names: tuple[bytes, ...]) -> tuple[list[int], list[int], list, list]:
+    """``(order, json_columns, converters, extra)``: the row's values in field order, the
+    positions of the JSON fields decoded inline (:func:`load_rows`), the other converters,
+    and the extra columns."""
     key = (model, db, names)
     plan = _plans.get(key)
     if plan is None:
@@ -139,7 +143,9 @@ def _plan(model: type, db: str, names: tuple[bytes, ...]) -> tuple[list[int], li
         ]
         known = {field.column for field in fields}
         extra = [(name, i) for name, i in position.items() if name not in known]
-        plan = _plans[key] = (order, converters, extra)
+        json_columns = [i for i, converter, _ in converters if converter is _json_value]
+        others = [entry for entry in converters if entry[1] is not _json_value]
+        plan = _plans[key] = (order, json_columns, others, extra)
     return plan
 
 
@@ -200,16 +206,14 @@ def load_rows(model: type, db: str, sql: str, params: list[Any]) -> list[Any]:
             return []
         result = cursor.pgresult
         names = tuple(result.fname(i) for i in range(result.nfields))
-    order, converters, extra = _plan(model, db, names)
+    order, json_columns, others, extra = _plan(model, db, names)
     connection = connections[db]
     make = _instance_maker(model, db)
-    # The JSON columns with the common fast path inline (nine per task row: a call each
-    # was a measurable share of a short task's CPU); other converters are called.
-    json_columns = [i for i, converter, _ in converters if converter is _json_value]
-    others = [entry for entry in converters if entry[1] is not _json_value]
     instances = []
     for row in rows:
         values = [row[i] for i in order]
+        # The JSON columns with _json_value's common cases inline (nine per task row: a
+        # call each was a measurable share of a short task's CPU).
         for i in json_columns:
             value = values[i]
             if value is None:

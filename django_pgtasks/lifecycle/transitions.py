@@ -364,17 +364,16 @@ _STATEMENTS: dict[type, tuple[str, Callable[[Any], list[Any]]]] = {
     Interrupted: (INTERRUPT_SQL, lambda o: [truncate_error(o.error)]),
     Unstarted: (UNCLAIM_SQL, lambda o: []),
 }
-#: The statements of :data:`_STATEMENTS` for a batch of at most :data:`BY_ID_AT_MOST` runs.
-_BY_ID: dict[str, str] = {
-    sql: sql.replace(f"WHERE {_LEASED}", f"WHERE {_LEASED_BY_ID}")
-    for sql, _ in _STATEMENTS.values()
+#: Per kind of outcome: its statement for a batch of at most :data:`BY_ID_AT_MOST` runs.
+_BY_ID: dict[type, str] = {
+    kind: sql.replace(f"WHERE {_LEASED}", f"WHERE {_LEASED_BY_ID}")
+    for kind, (sql, _) in _STATEMENTS.items()
 }
 
 
 def statement_for(kind: type, runs: int) -> str:
     """The statement that records ``runs`` outcomes of ``kind`` (an :data:`Outcome` class)."""
-    sql = _STATEMENTS[kind][0]
-    return _BY_ID[sql] if runs <= BY_ID_AT_MOST else sql
+    return _BY_ID[kind] if runs <= BY_ID_AT_MOST else _STATEMENTS[kind][0]
 
 
 def write(using: str, runs: Sequence[tuple[Claimed, Outcome]]) -> dict[int, str]:

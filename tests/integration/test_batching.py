@@ -6,6 +6,8 @@ import threading
 
 import pytest
 
+from django_pgtasks.lifecycle.recorder import Recorder
+from django_pgtasks.lifecycle.transitions import BY_ID_AT_MOST, Succeeded
 from django_pgtasks.models import Status, Task
 from django_pgtasks.worker.loop import Worker
 from tests.helpers import wait_until
@@ -125,3 +127,27 @@ def test_auto_prefetch_takes_nothing_ahead_for_long_tasks() -> None:
     assert Task.objects.succeeded().count() == 3
     assert worker.prefetch.ahead() == 0  # 0.3 s tasks are longer than PREFETCH_HORIZON
     assert max(seen) == 1  # never more than the one running
+
+
+@pytest.mark.parametrize("size", [BY_ID_AT_MOST, BY_ID_AT_MOST + 1],
+                         ids=["by primary key", "through the running index"])
+def test_both_forms_of_the_outcome_statement_record_every_held_run_and_no_other(
+        size: int) -> None:
+    """A batch of outcomes finds its rows by primary key up to BY_ID_AT_MOST runs, through
+    the index of running tasks above: either way each run still held is recorded, and a run
+    whose lease was lost meanwhile (here claimed again by the same worker id) is left as is,
+    RUNNING under its new holder."""
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(size))
+    claimed = sorted(Task.objects.claim("w", limit=size), key=lambda t: t.id)
+    assert len(claimed) == size
+    lost = claimed[0]
+    Task.objects.filter(pk=lost.pk).update(claims=lost.claims + 1)  # claimed again, same id
+    # One kind of outcome per statement: the whole batch in one, of the size under test.
+    written = Recorder("default").record([(t, Succeeded({"n": t.id})) for t in claimed])
+    assert written[lost.id] == ""
+    assert Task.objects.get(pk=lost.pk).status == Status.RUNNING
+    assert {written[t.id] for t in claimed[1:]} == {Status.SUCCESSFUL}
+    results = dict(Task.objects.filter(pk__in=[t.id for t in claimed[1:]])
+                   .values_list("pk", "result"))
+    assert results == {t.id: {"n": t.id} for t in claimed[1:]}
+    assert not Task.objects.filter(status=Status.RUNNING).exclude(pk=lost.pk).exists()
