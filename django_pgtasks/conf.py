@@ -200,10 +200,7 @@ class PgTasksSettings:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name not in DEFAULTS:
             raise AttributeError(f"Unknown django-pgtasks setting {name!r}.")
-        # Kept as an attribute until the settings change (reload()): the worker reads some
-        # on every task, and a found attribute does not come back here.
-        value = self.__dict__[name] = self._merged()[name]
-        return value
+        return self._merged()[name]
 
     @property
     def queue_names(self) -> list[str]:
@@ -213,8 +210,6 @@ class PgTasksSettings:
 
     def reload(self) -> None:
         self._cache = None
-        for name in DEFAULTS:
-            self.__dict__.pop(name, None)
 
 
 pgtasks_settings = PgTasksSettings()
