@@ -639,10 +639,10 @@ class TaskHandler:
         An ``async def`` function runs on an event loop of its own (``async_to_sync``),
         with the time limit and the cancellation of :meth:`acall`.
         """
-        from asgiref.sync import async_to_sync
-
         args = self._arguments(task, worker_id)
         if self.is_async:
+            from asgiref.sync import async_to_sync
+
             result = reported(task, async_to_sync(self._awaited), task, args)
         else:
             result = reported(task, self.func, *args, **task.kwargs)
@@ -664,9 +664,9 @@ class TaskHandler:
         """The positional arguments of a run of ``task`` (its context first, for a handler
         that takes one); :class:`~django_pgtasks.FatalError` for a malformed stored
         payload."""
-        from django_pgtasks.exceptions import FatalError
-
         if not isinstance(task.args, list) or not isinstance(task.kwargs, dict):
+            from django_pgtasks.exceptions import FatalError
+
             raise FatalError(
                 f"Malformed stored payload: args must be a JSON array and kwargs a JSON object "
                 f"(got {type(task.args).__name__} and {type(task.kwargs).__name__})."
@@ -751,6 +751,8 @@ def _instant(value: Any) -> datetime:
 def storable_result(result: Any) -> Any:
     """``result`` as plain JSON PostgreSQL can store, else
     :class:`~django_pgtasks.exceptions.UnstorableResultError`."""
+    if result is None:  # what most handlers return: stored as NULL, nothing to check
+        return None
     from django_pgtasks.definition.payload import normalize_result
     from django_pgtasks.exceptions import InvalidPayloadError, UnstorableResultError
 

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, connections
+from django.db.backends.signals import connection_created
 
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.database.sqlstates import is_transient
@@ -92,13 +93,25 @@ class ThreadConnections:
         self._local.pause = None
         return None
 
-    @contextlib.contextmanager
-    def watching(self, name: str) -> Iterator[None]:
+    def watching(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """Around a handler's call: learn whether handler ``name`` uses the connection; if
-        not, close the one :meth:`connect` opened for it (nothing of it is needed)."""
-        if self._uses.get(name):
-            yield
-            return
+        not, close the one :meth:`connect` opened for it (nothing of it is needed).
+
+        Most runs take the cheap paths: a handler known to use it is not watched; one seen
+        not to use it starts without the thread's connection, so a run of it that opens one
+        after all (Django's ``connection_created``) has used it, and the next runs get it
+        first. Only a handler not seen yet has its statements watched."""
+        uses = self._uses.get(name)
+        if uses:
+            return _UNWATCHED
+        if uses is False:
+            return _Opening(self._uses, name, self.using)
+        return self._learning(name)
+
+    @contextlib.contextmanager
+    def _learning(self, name: str) -> Iterator[None]:
+        """The first run of handler ``name``: whether it sends a statement through the
+        thread's connection."""
         used = False
 
         def note(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
@@ -139,6 +152,61 @@ class ThreadConnections:
                 "INFO.", self.worker_id, _first_line(exc), REST_MAX, self.concurrency,
                 self.using)
         return pause
+
+
+_UNWATCHED = contextlib.nullcontext()
+
+#: Per thread: how many connections were opened in it, by database alias (``counts``), and the
+#: aliases of those opened and not seen closed since (``aliases``, see
+#: :func:`opened_in_thread`).
+_opened = threading.local()
+
+
+def _note_opened(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if connection.alias not in connections.settings:
+        return  # a connection of no alias (Django's to the "postgres" database, say)
+    state = _opened.__dict__
+    counts = state.get("counts")
+    if counts is None:
+        counts = state["counts"] = {}
+        state["aliases"] = set()
+    counts[connection.alias] = counts.get(connection.alias, 0) + 1
+    state["aliases"].add(connection.alias)
+
+
+connection_created.connect(_note_opened, dispatch_uid="django_pgtasks.worker.opened")
+
+
+def opened_in_thread() -> set[str]:
+    """The aliases of the connections opened in this thread and not seen closed since: all
+    that a pool thread has to reset after a task (most handlers open none). The caller
+    removes an alias once it finds its connection closed; opening it again lists it again."""
+    return _opened.__dict__.get("aliases") or set()
+
+
+def _times_opened(alias: str) -> int:
+    counts = _opened.__dict__.get("counts")
+    return counts.get(alias, 0) if counts else 0
+
+
+class _Opening:
+    """Around a run of a handler seen not to use the database (so started without the
+    thread's connection): if the run opens the thread's connection to ``using``, the
+    handler uses it after all."""
+
+    __slots__ = ("_before", "_name", "_uses", "_using")
+
+    def __init__(self, uses: dict[str, bool], name: str, using: str) -> None:
+        self._uses = uses
+        self._name = name
+        self._using = using
+
+    def __enter__(self) -> None:
+        self._before = _times_opened(self._using)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if _times_opened(self._using) != self._before:
+            self._uses[self._name] = True
 
 
 def _first_line(exc: BaseException) -> str:

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
-from django.db.backends.signals import connection_created
 
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.database.sqlstates import is_connection_loss
@@ -60,28 +59,13 @@ from django_pgtasks.lifecycle.transitions import (
 )
 from django_pgtasks.models import Status, Task
 from django_pgtasks.signals import task_finished, task_started
-from django_pgtasks.worker.connecting import ThreadConnections
+from django_pgtasks.worker.connecting import ThreadConnections, opened_in_thread
 from django_pgtasks.worker.tracing import end_run, leave, start_run
 
 logger = logging.getLogger("django_pgtasks.worker")
 
 R = TypeVar("R")
 
-#: Per thread, the aliases of the database connections opened in it: all that
-#: ``_after_task`` has to look at (most handlers open none, and then it looks at nothing).
-_opened = threading.local()
-
-
-def _note_opened(sender: Any, connection: Any, **kwargs: Any) -> None:
-    if connection.alias not in connections.settings:
-        return  # a connection of no alias (Django's to the "postgres" database, say)
-    aliases = getattr(_opened, "aliases", None)
-    if aliases is None:
-        aliases = _opened.aliases = set()
-    aliases.add(connection.alias)
-
-
-connection_created.connect(_note_opened, dispatch_uid="django_pgtasks.worker.opened")
 
 
 @dataclass
@@ -216,7 +200,7 @@ class Executor:
         started = time.monotonic()
         logger.info(
             "Task id=%s name=%s queue=%s state=%s attempt=%d/%d",
-            task.pk, task.name, task.queue, Status.RUNNING, task.attempt, task.max_attempts,
+            task.id, task.name, task.queue, Status.RUNNING, task.attempt, task.max_attempts,
         )
         try:
             handler = get_handler(task.name)
@@ -413,7 +397,7 @@ class Executor:
         """Log the outcome and send ``task_finished`` (once it is recorded)."""
         logger.info(
             "Task id=%s name=%s queue=%s state=%s attempt=%d/%d duration=%.3fs%s",
-            task.pk, task.name, task.queue, task.status, task.attempt, task.max_attempts,
+            task.id, task.name, task.queue, task.status, task.attempt, task.max_attempts,
             duration, f" error={_one_line(exception)}" if exception else "",
         )
         self.processed += 1
@@ -436,7 +420,10 @@ class Executor:
         # that threads share a bounded number of connections.
         # Only connections opened in this thread can need it (a transaction left open, or
         # errors, imply an opened connection): not every alias's, each a thread-local lookup.
-        for alias in getattr(_opened, "aliases", ()):
+        aliases = opened_in_thread()
+        if not aliases:
+            return
+        for alias in list(aliases):
             conn = connections[alias]
             if conn.in_atomic_block:
                 # A transaction the handler left open (atomic() entered, never exited):
@@ -449,6 +436,10 @@ class Executor:
                     logger.exception("Closing a connection left in a transaction failed.")
                 conn.connection = None
                 del connections[alias]
+            elif conn.connection is None:
+                # Closed (by the handler, or below): nothing to reset until this thread opens
+                # it again (connection_created lists it again), so later tasks skip it.
+                aliases.discard(alias)
             elif (getattr(conn, "pool", None) is not None
                     or (conn.errors_occurred and not conn.is_usable())):
                 conn.close()

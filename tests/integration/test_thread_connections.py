@@ -19,6 +19,7 @@ from django.db import connection, connections
 from django_pgtasks import pgtask
 from django_pgtasks.definition.registry import TaskContext
 from django_pgtasks.models import Task
+from django_pgtasks.worker.connecting import ThreadConnections
 from django_pgtasks.worker.loop import Worker
 from tests.helpers import running_worker, wait_until
 from tests.proxy import FlakyProxy
@@ -151,3 +152,53 @@ def test_a_give_back_the_database_refuses_interrupts_the_run_instead() -> None:
     assert row.attempt == 1
     assert 1 <= row.interruptions < 5
     assert Execution.objects.filter(task_id=task.pk).count() == 1
+
+
+def test_a_handler_seen_not_to_use_the_database_that_uses_it_later_gets_its_connection_first(
+) -> None:
+    """A handler seen not to use the database starts without its thread's connection, and is
+    not watched statement by statement: a run of it that opens the thread's connection shows
+    that it uses it after all, and its next runs get the connection before they start."""
+    threads = ThreadConnections("default", "w1", 1)
+    needed: list[bool] = []
+
+    def runs() -> None:
+        try:
+            with threads.watching("tests.quiet_then_not"):
+                pass  # its first run sends no statement
+            needed.append(threads.needed("tests.quiet_then_not", False, True))
+            # Its next run opens the thread's connection.
+            with (threads.watching("tests.quiet_then_not"),
+                  connections["default"].cursor() as cursor):
+                cursor.execute("SELECT 1")
+            needed.append(threads.needed("tests.quiet_then_not", False, True))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=runs)  # a thread of its own: no connection yet
+    thread.start()
+    thread.join()
+    assert needed == [False, True]
+
+
+@pgtask(name="tests.thread_connections.closes_its_connection")
+def closes_its_connection() -> None:
+    Execution.objects.create(task_id=0, worker="closed")
+    connection.close()
+
+
+def test_a_transaction_left_open_after_a_closed_connection_is_still_ended() -> None:
+    """A pool thread looks after a task only at the connections opened in it and not seen
+    closed since: one that a handler closed is no longer looked at, until a later handler on
+    the thread opens it again (and leaves a transaction open in it, which must not reach the
+    task after)."""
+    first = Task.objects.enqueue(closes_its_connection)
+    second = Task.objects.enqueue(tasks.leaves_a_transaction_open, "left open")
+    third = Task.objects.enqueue(tasks.in_a_transaction)
+    # One thread runs the three, one after the other.
+    assert Worker(burst=True, concurrency=1, prefetch=0).run(install_signals=False) == 0
+    statuses = [Task.objects.get(pk=t.pk).status for t in (first, second, third)]
+    assert statuses == ["SUCCESSFUL"] * 3
+    assert Task.objects.get(pk=third.pk).result is False
+    assert not Execution.objects.filter(worker="left open").exists()
+    assert Execution.objects.filter(worker="closed").count() == 1
