@@ -28,9 +28,10 @@ The enqueue INSERTs and the outcome statements use :func:`fast_cursor` too.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC
+from operator import itemgetter
 from typing import Any
 
 import psycopg
@@ -92,7 +93,8 @@ def fast_cursor(db: str) -> Iterator[CursorWrapper]:
 
 #: How rows of one shape become instances, per (model, database alias, column names): worked
 #: out once, not per claim (reading a cursor's description builds an object per column).
-_plans: dict[tuple[type, str, tuple[bytes, ...]], tuple[list[int], list[int], list, list]] = {}
+_plans: dict[tuple[type, str, tuple[bytes, ...]],
+             tuple[Callable[[Any], tuple], list[int], list, list]] = {}
 
 _decode_json = json.JSONDecoder().decode  # what json.loads(text) calls
 
@@ -123,8 +125,8 @@ def _converter(field: Any, converter: Any) -> Any:
 
 
 def _plan(model: type, db: str,
-          names: tuple[bytes, ...]) -> tuple[list[int], list[int], list, list]:
-    """``(order, json_columns, converters, extra)``: the row's values in field order, the
+          names: tuple[bytes, ...]) -> tuple[Callable[[Any], tuple], list[int], list, list]:
+    """``(pick, json_columns, converters, extra)``: the row's values in field order, the
     positions of the JSON fields decoded inline (:func:`load_rows`), the other converters,
     and the extra columns."""
     key = (model, db, names)
@@ -145,7 +147,9 @@ def _plan(model: type, db: str,
         extra = [(name, i) for name, i in position.items() if name not in known]
         json_columns = [i for i, converter, _ in converters if converter is _json_value]
         others = [entry for entry in converters if entry[1] is not _json_value]
-        plan = _plans[key] = (order, json_columns, others, extra)
+        # itemgetter() of one index gives the value, not a tuple of it.
+        pick = itemgetter(*order) if len(order) > 1 else (lambda row: (row[order[0]],))
+        plan = _plans[key] = (pick, json_columns, others, extra)
     return plan
 
 
@@ -161,10 +165,12 @@ def _instance_maker(model: type, db: str) -> Any:
 
     def make(values: list[Any]) -> Any:
         instance = new(model)
-        state = instance._state = ModelState()
+        state = ModelState()
         state.adding = False
         state.db = db
-        instance.__dict__.update(zip(attnames, values, strict=True))
+        attributes = dict(zip(attnames, values, strict=True))
+        attributes["_state"] = state
+        instance.__dict__ = attributes
         return instance
 
     return make
@@ -206,12 +212,16 @@ def load_rows(model: type, db: str, sql: str, params: list[Any]) -> list[Any]:
             return []
         result = cursor.pgresult
         names = tuple(result.fname(i) for i in range(result.nfields))
-    order, json_columns, others, extra = _plan(model, db, names)
+    pick, json_columns, others, extra = _plan(model, db, names)
     connection = connections[db]
     make = _instance_maker(model, db)
     instances = []
+    #: JSON texts decoded in this result to a list of strings, which rows often share (the
+    #: worker ids of a first attempt, in every row a claim returns): decoded once, then
+    #: copied (a list of immutable items: the copy shares nothing that can change).
+    string_lists: dict[str, list[str]] = {}
     for row in rows:
-        values = [row[i] for i in order]
+        values = list(pick(row))
         # The JSON columns with _json_value's common cases inline (nine per task row: a
         # call each was a measurable share of a short task's CPU).
         for i in json_columns:
@@ -222,8 +232,12 @@ def load_rows(model: type, db: str, sql: str, params: list[Any]) -> list[Any]:
                 values[i] = []
             elif value == "{}":
                 values[i] = {}
+            elif (known := string_lists.get(value)) is not None:
+                values[i] = known.copy()
             else:
-                values[i] = _json_value(value, None, connection)
+                decoded = values[i] = _json_value(value, None, connection)
+                if type(decoded) is list and all(type(item) is str for item in decoded):
+                    string_lists[value] = decoded.copy()
         for i, converter, expression in others:
             values[i] = converter(values[i], expression, connection)
         instance = make(values)

@@ -39,10 +39,11 @@ def test_claimed_tasks_are_the_instances_raw_would_build(controlled: bool,
     Task.objects.enqueue(tasks.add, 1, b={"nested": ["é", 2.5, None]}, key="k", stage="s",
                          **({"concurrency_key": "c"} if controlled else {}))
     Task.objects.enqueue(tasks.noop)
+    Task.objects.enqueue(tasks.noop)
     Task.objects.all().update(metadata={"m": [1]}, worker_ids=["earlier"],
                               errors=[{"attempt": 1, "error": "x", "at": "2030-01-01"}])
     claimed = Task.objects.claim("w1", limit=5)
-    assert len(claimed) == 2
+    assert len(claimed) == 3
     for task in claimed:
         [expected] = Task.objects.raw("SELECT * FROM pgtasks_task WHERE id = %s", [task.pk])
         assert fields_of(task) == fields_of(expected)
@@ -50,6 +51,9 @@ def test_claimed_tasks_are_the_instances_raw_would_build(controlled: bool,
             assert getattr(task, name).utcoffset() == timedelta(0)
             assert getattr(task, name).tzinfo == getattr(expected, name).tzinfo
         assert (task._state.adding, task._state.db) == (False, "default")
+    # The rows share their worker ids' text, decoded once: each instance has its own list.
+    assert [task.worker_ids for task in claimed] == [["earlier", "w1"]] * 3
+    assert len({id(task.worker_ids) for task in claimed}) == 3
 
 
 def test_claimed_tasks_reach_model_init_receivers_and_own_their_values() -> None:
