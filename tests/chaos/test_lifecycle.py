@@ -452,8 +452,10 @@ def test_the_loops_own_connection_waits_for_locks_only_so_long() -> None:
     worker._prepare_session()
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('lock_timeout'), "
-                       "current_setting('statement_timeout')")
-        assert cursor.fetchone() == (LOCK_TIMEOUT, STATEMENT_TIMEOUT) == ("5s", "5min")
+                       "current_setting('statement_timeout'), "
+                       "current_setting('enable_bitmapscan')")
+        assert cursor.fetchone() == (LOCK_TIMEOUT, STATEMENT_TIMEOUT, "off") == (
+            "5s", "5min", "off")
 
 
 def test_a_stage_whose_success_and_next_stage_are_refused_fails_instead_of_staying_running(

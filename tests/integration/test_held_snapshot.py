@@ -253,3 +253,30 @@ def test_compiled_claims_are_kept_for_the_most_recently_used_shapes(
     assert 1 not in limits
     Task.objects.claim("w", ["default"], limit=limits[0])  # used again: the most recent
     assert list(claiming._statements)[-1][2] == limits[0]
+
+
+@pytest.mark.django_db  # rolled back: the statistics deleted and the session settings too
+def test_the_loops_session_reads_the_running_index_entry_by_entry_even_without_statistics(
+) -> None:
+    """The outcome statement of a large batch reads the index of running tasks. A bitmap scan
+    of it reads every dead entry again on each statement (it never marks them), where a plain
+    index scan marks those it meets for the next statements to skip; the planner takes a bitmap
+    scan when the table has no statistics (a fresh burst) or its last ANALYZE saw many running
+    tasks. The loop's session leaves it none to take."""
+    from django_pgtasks.worker.loop import Worker
+
+    Task.objects.enqueue_bulk(tasks.noop, [[] for _ in range(20_000)])
+    claimed = Task.objects.claim("w", ["default"], limit=300)
+    assert len(claimed) > BY_ID_AT_MOST
+    with connection.cursor() as cursor:  # as before the first ANALYZE of a fresh burst
+        cursor.execute("DELETE FROM pg_statistic WHERE starelid IN "
+                       "('pgtasks_task'::regclass, 'pgtasks_task_live'::regclass)")
+    Worker(concurrency=1)._prepare_session()  # this thread's connection, as the loop's
+    columns = [[t.id for t in claimed], [t.locked_by for t in claimed],
+               [t.claims for t in claimed], [None] * len(claimed)]
+    with ServerBindingCursor(connection.connection) as cursor:
+        cursor.execute("EXPLAIN (COSTS OFF) " + statement_for(Succeeded, len(claimed)),
+                       columns)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Index Scan using pgtasks_task_running_idx" in plan, plan
+    assert "Bitmap" not in plan, plan
