@@ -67,7 +67,6 @@ logger = logging.getLogger("django_pgtasks.worker")
 R = TypeVar("R")
 
 
-
 @dataclass
 class RunReport:
     """How a run in another process ended, as that process tells the worker
