@@ -38,6 +38,7 @@ returned or raised and whatever the database refuses (see its docstring).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -340,8 +341,6 @@ Outcome = Succeeded | Failed | Cancelled | Snoozed | Suspended | Interrupted | U
 
 
 def _json(value: Any) -> str | None:
-    import json
-
     return None if value is None else json.dumps(value, allow_nan=False)
 
 
@@ -389,20 +388,16 @@ def write(using: str, runs: Sequence[tuple[Claimed, Outcome]]) -> dict[int, str]
     kind = type(runs[0][1])
     extra = _STATEMENTS[kind][1]
     sql = statement_for(kind, len(runs))
-    columns: list[list[Any]] = [[], [], []]
     # In id order, the order in which the enqueuing side locks parents at its commit
     # (models/dependencies.py): the two never wait for each other in a circle.
-    for task, outcome in sorted(runs, key=_by_id):
-        if type(outcome) is not kind:
-            raise TypeError("write() takes outcomes of one kind.")
-        columns[0].append(task.id)
-        columns[1].append(task.locked_by)
-        columns[2].append(task.claims)
-        values = extra(outcome)
-        while len(columns) < 3 + len(values):
-            columns.append([])
-        for i, value in enumerate(values):
-            columns[3 + i].append(value)
+    ordered = sorted(runs, key=_by_id)
+    if any(type(outcome) is not kind for _, outcome in ordered):
+        raise TypeError("write() takes outcomes of one kind.")
+    columns: list[list[Any]] = [[task.id for task, _ in ordered],
+                                [task.locked_by for task, _ in ordered],
+                                [task.claims for task, _ in ordered]]
+    # The kind's own columns (none for a give-back), one list each.
+    columns += map(list, zip(*[extra(outcome) for _, outcome in ordered], strict=True))
     params: list[Any] = _interrupted_params() if kind is Interrupted else []
     with fast_cursor(using) as cursor:
         cursor.execute(sql, [*params, *columns])
