@@ -30,6 +30,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -132,45 +133,47 @@ class Completion:
 
 
 class PendingOutcomes:
-    """Thread-safe: pool threads (and the watchdog) add, the worker's loop takes."""
+    """Thread-safe without a lock: pool threads (and the watchdog) add, and only the worker's
+    loop takes. ``deque.append``/``popleft`` and a set's ``add``, copy and ``discard`` each
+    happen in one step under the interpreter lock; a lock of its own, taken by every pool
+    thread for every task, made threads wait for each other (and switch) for nothing."""
 
     def __init__(self, window: float, max_batch: int) -> None:
         self.window = window
         self.max_batch = max_batch
-        self._entries: list[Entry] = []
+        self._entries: deque[Entry] = deque()
         self._ids: set[int] = set()
-        self._lock = threading.Lock()
 
     def add(self, task: Any, outcome: Outcome, done: Callable[[str | None], None]) -> None:
-        with self._lock:
-            self._entries.append((task, outcome, done, time.monotonic()))
-            self._ids.add(task.id)
+        # The id first: the orphan check (ids()) reads it once the slot has let the task go.
+        self._ids.add(task.id)
+        self._entries.append((task, outcome, done, time.monotonic()))
 
     def ids(self) -> set[int]:
         """Ids of the tasks whose outcome is handed in and not recorded yet."""
-        with self._lock:
-            return set(self._ids)
+        return self._ids.copy()
 
     def due_in(self) -> float | None:
-        """Seconds until the waiting outcomes should be recorded (``None``: none waits)."""
-        with self._lock:
-            if not self._entries:
-                return None
-            if len(self._entries) >= self.max_batch:
-                return 0.0
-            return max(self._entries[0][3] + self.window - time.monotonic(), 0.0)
+        """Seconds until the waiting outcomes should be recorded (``None``: none waits). On
+        the loop's thread, the only one that takes: what it saw waiting stays there."""
+        entries = self._entries
+        if not entries:
+            return None
+        if len(entries) >= self.max_batch:
+            return 0.0
+        return max(entries[0][3] + self.window - time.monotonic(), 0.0)
 
     def take(self) -> list[Entry]:
-        """Remove and return up to ``max_batch`` waiting outcomes, the oldest first. Their
-        ids stay listed until :meth:`forget` (the orphan check must not take them back)."""
-        with self._lock:
-            taken, self._entries = (self._entries[:self.max_batch],
-                                    self._entries[self.max_batch:])
-            return taken
+        """Remove and return up to ``max_batch`` waiting outcomes, the oldest first (on the
+        loop's thread). Their ids stay listed until :meth:`forget` (the orphan check must not
+        take them back)."""
+        entries = self._entries
+        return [entries.popleft() for _ in range(min(len(entries), self.max_batch))]
 
     def forget(self, entries: list[Entry]) -> None:
-        with self._lock:
-            self._ids.difference_update(task.id for task, *_ in entries)
+        ids = self._ids
+        for task, *_ in entries:
+            ids.discard(task.id)
 
 
 class Callbacks:

@@ -239,3 +239,41 @@ def test_a_task_with_dependents_asks_for_a_release() -> None:
     completed.completion.record()
     completed.finish()
     assert completed.released == [True]  # once for the batch
+
+
+def test_outcomes_added_by_many_threads_are_each_taken_once_in_each_threads_order() -> None:
+    """Without a lock: 8 threads hand in 2,000 outcomes each while one thread (the loop's)
+    takes and forgets them; every outcome is taken once, each thread's in the order it handed
+    them in, and no id is left listed."""
+    pending = PendingOutcomes(window=0.0, max_batch=50)
+    threads_done = threading.Event()
+    taken: list[int] = []
+
+    def loop() -> None:
+        while True:
+            finished = threads_done.is_set()  # read before the last take
+            while pending.due_in() is not None:
+                entries = pending.take()
+                taken.extend(task.pk for task, *_ in entries)
+                pending.forget(entries)
+            if finished:
+                return
+
+    def hand_in_many(thread: int) -> None:
+        hand_in(pending, *(thread * 100_000 + i for i in range(2_000)))
+
+    taker = threading.Thread(target=loop)
+    taker.start()
+    workers = [threading.Thread(target=hand_in_many, args=(n,)) for n in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    threads_done.set()
+    taker.join()
+    assert sorted(taken) == sorted(n * 100_000 + i for n in range(8) for i in range(2_000))
+    for n in range(8):
+        mine = [pk for pk in taken if pk // 100_000 == n]
+        assert mine == sorted(mine)
+    assert pending.ids() == set()
+    assert pending.due_in() is None
