@@ -125,22 +125,23 @@ def start_command(subprocess_env: dict[str, str]) -> Iterator[Callable[..., subp
 
 
 @pytest.fixture(autouse=True)
-def _no_claim_bound_from_an_earlier_test() -> None:
-    """Each test starts with its own tasks: the claim's moving lower bounds kept by an earlier
-    test's claims (django_pgtasks.lifecycle.claim) describe rows that are gone."""
+def _no_claim_state_from_an_earlier_test() -> None:
+    """Each test starts with its own tasks: the claim's moving lower bounds and its choice
+    between the plain and the controlled claim (django_pgtasks.lifecycle.claim), kept by an
+    earlier test's claims, describe rows that are gone."""
     from django_pgtasks.lifecycle import claim as claiming
 
     claiming.forget_bounds()
+    claiming.forget_modes()
 
 
 @pytest.fixture
-def fresh_claim_mode() -> Iterator[None]:
-    """The test starts without a plain/controlled claim decision kept from an earlier test."""
-    from django_pgtasks.lifecycle import claim as claiming
-
-    claiming.forget_modes()
-    yield
-    claiming.forget_modes()
+def kept_claim_mode(settings) -> None:
+    """The plain/controlled decision a claim makes is kept for the whole test: a test that
+    reads what the second of two claims does must not depend on whether CONTROLS_REFRESH
+    (one second) passed between them on a slow machine, when the second claim would make
+    the decision again with a plain claim from the start of the queue."""
+    settings.PGTASKS = {**settings.PGTASKS, "CONTROLS_REFRESH": 3600.0}
 
 
 @pytest.fixture

@@ -309,7 +309,7 @@ def start(worker: Worker) -> threading.Thread:
 
 
 def test_a_claim_blocked_on_a_lock_longer_than_the_worker_timeout_runs_nothing_twice(
-        settings, fresh_claim_mode) -> None:
+        settings) -> None:
     from django_pgtasks.patterns import controls
     from django_pgtasks.worker.liveness import rescue
 

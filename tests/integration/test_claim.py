@@ -32,8 +32,7 @@ def fields_of(task: Task) -> dict:
 
 
 @pytest.mark.parametrize("controlled", [False, True], ids=["plain", "controlled"])
-def test_claimed_tasks_are_the_instances_raw_would_build(controlled: bool,
-                                                        fresh_claim_mode: None) -> None:
+def test_claimed_tasks_are_the_instances_raw_would_build(controlled: bool) -> None:
     """The claim decodes its rows itself (django_pgtasks.lifecycle.row_loading): every field must
     come out as Django's own raw() gives it, time zones and JSON included."""
     Task.objects.enqueue(tasks.add, 1, b={"nested": ["é", 2.5, None]}, key="k", stage="s",

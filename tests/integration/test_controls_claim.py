@@ -23,7 +23,7 @@ from django_pgtasks.worker.loop import Worker
 from tests.helpers import all_finished, run_workers, stop_processes, wait_until
 from tests.testapp import limited, tasks
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_claim_mode")]
+pytestmark = pytest.mark.django_db
 
 
 
@@ -162,7 +162,7 @@ def test_the_plain_claim_never_takes_a_keyed_task() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_without_keys_or_limits_the_claim_is_the_plain_statement(
-    django_assert_num_queries,
+    django_assert_num_queries, kept_claim_mode: None,
 ) -> None:
     Task.objects.enqueue_many(tasks.noop.build() for _ in range(20))
     Task.objects.claim("w", queues=["default"], limit=5)  # decides, then keeps the decision
@@ -175,7 +175,7 @@ def test_without_keys_or_limits_the_claim_is_the_plain_statement(
 
 @pytest.mark.django_db(transaction=True)
 def test_with_a_keyed_task_waiting_the_claim_switches_to_the_controlled_function(
-    django_assert_num_queries,
+    django_assert_num_queries, kept_claim_mode: None,
 ) -> None:
     Task.objects.enqueue_many(tasks.noop.build() for _ in range(20))
     Task.objects.enqueue(tasks.noop, concurrency_key="k")

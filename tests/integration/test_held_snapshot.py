@@ -91,9 +91,12 @@ def plan_of(sql: str, params: list) -> str:
 
 
 @pytest.fixture
-def lasting_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+def lasting_bounds(monkeypatch: pytest.MonkeyPatch, kept_claim_mode: None) -> None:
     """Bounds that do not expire during the test, however slow the machine: what the test
-    reads is the claim from the bound, not whether a quarter second passed."""
+    reads is the claim from the bound, not whether a quarter second passed. The choice
+    between the plain and the controlled claim is kept as long: once it expires, the next
+    claim makes it again with a plain claim from the start of the queue (a CI run once took
+    over a second between two claims, and the second one scanned from the start)."""
     monkeypatch.setattr(claiming, "BOUND_REFRESH", 3600.0)
 
 

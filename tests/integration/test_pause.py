@@ -24,7 +24,7 @@ from django_pgtasks.worker.loop import Worker
 from tests.helpers import wait_until
 from tests.testapp import tasks
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_claim_mode")]
+pytestmark = pytest.mark.django_db
 
 
 

@@ -24,7 +24,7 @@ from django_pgtasks.worker.loop import Worker
 from tests.helpers import all_finished, run_workers, stop_processes, wait_until
 from tests.testapp import limited, tasks
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_claim_mode")]
+pytestmark = pytest.mark.django_db
 
 
 
