@@ -36,7 +36,9 @@ PGTASKS = {
     # The safety-net poll: short without LISTEN_DATABASE, long with it (a wake-up within it
     # can only come from a notification).
     "POLL_INTERVAL": 30.0 if os.environ.get(LISTEN_VARIABLE) else 0.1,
-    "WORKER_TIMEOUT": 3.0,
+    # Heartbeat-only liveness through the pooler: long enough that a loaded machine never
+    # starves a live worker of its heartbeats that long.
+    "WORKER_TIMEOUT": 6.0,
     "SHUTDOWN_GRACE": 2.0,
 }
 if os.environ.get(LISTEN_VARIABLE):

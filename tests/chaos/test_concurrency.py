@@ -15,9 +15,9 @@ from django.db.models import Count, F
 from django.db.models.functions import Now
 
 from django_pgtasks.database.partition_moves import is_conflict
-from django_pgtasks.models import CLAIM_ORDER, Status, Task
+from django_pgtasks.models import CLAIM_ORDER, Status, Task, WorkerProcess
 from django_pgtasks.worker.loop import Worker
-from tests.helpers import run_workers
+from tests.helpers import all_finished, run_workers, stop_processes, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -81,17 +81,23 @@ def test_the_same_test_finds_duplicates_when_the_claim_does_not_lock() -> None:
 
 
 def test_4000_tasks_4_worker_processes_run_each_task_exactly_once(start_command) -> None:
-    Task.objects.enqueue_many(tasks.log_execution.build() for _ in range(N_TASKS))
-    started = time.monotonic()
     processes = [
-        start_command("run_pgtasks", "--burst", "--concurrency", "2", "--worker-id", f"proc-{i}",
+        start_command("run_pgtasks", "--concurrency", "2", "--worker-id", f"proc-{i}",
                       "--log-level", "WARNING")
         for i in range(4)
     ]
-    outputs = [p.communicate(timeout=600)[0] for p in processes]
-    elapsed = time.monotonic() - started
-    print(f"\n{N_TASKS} tasks drained by 4 worker processes in {elapsed:.1f}s "
-          f"(including interpreter start-up)")
+    try:
+        # All four compete for the work: a process still starting when the others have
+        # drained the queue would take none.
+        wait_until(lambda: WorkerProcess.objects.count() == 4, timeout=60,
+                   what="the four worker processes to register")
+        started = time.monotonic()
+        Task.objects.enqueue_many(tasks.log_execution.build() for _ in range(N_TASKS))
+        wait_until(all_finished, timeout=300, what="every task to finish")
+        elapsed = time.monotonic() - started
+    finally:
+        outputs = stop_processes(processes)
+    print(f"\n{N_TASKS} tasks drained by 4 worker processes in {elapsed:.1f}s")
     assert [p.returncode for p in processes] == [0, 0, 0, 0], outputs
     assert execution_counts() == (N_TASKS, N_TASKS)
     assert Task.objects.succeeded().count() == N_TASKS

@@ -313,23 +313,25 @@ def test_a_claim_blocked_on_a_lock_longer_than_the_worker_timeout_runs_nothing_t
     from django_pgtasks.patterns import controls
     from django_pgtasks.worker.liveness import rescue
 
-    settings.PGTASKS = {**settings.PGTASKS, "WORKER_TIMEOUT": 1.0, "RESCUE_GRACE": 0.5}
+    # A worker timeout eight heartbeats long (a loaded machine may delay one by a second),
+    # the claim held back twice as long, and both under the loop's 5 s lock timeout.
+    settings.PGTASKS = {**settings.PGTASKS, "WORKER_TIMEOUT": 2.0, "RESCUE_GRACE": 0.5}
     # A rate limit makes the claim lock the queue's control row (the controlled claim).
     controls.set_rate_limit(1000, 1, queue="emails")
-    task = Task.objects.enqueue(lifecycle.logged_sleep, 3.0, queue="emails")
+    task = Task.objects.enqueue(lifecycle.logged_sleep, 6.0, queue="emails")
     worker = Worker(concurrency=2, queues=["emails"], worker_id="blocked")
     thread = start(worker)
     holder = connections.create_connection("default")
     try:
         wait_until(lambda: Execution.objects.filter(task_id=task.pk).exists(), 30,
                    "the task to start")
-        # Another session holds the control row the next claim needs, for three worker
+        # Another session holds the control row the next claim needs, for two worker
         # timeouts (an operator's long transaction around controls.pause(), say).
         holder.set_autocommit(False)
         with holder.cursor() as cursor:
             cursor.execute("SELECT * FROM pgtasks_queue WHERE queue = 'emails' FOR UPDATE")
         waiting = Task.objects.enqueue(tasks.noop, queue="emails")  # wakes the loop to claim
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + 4.0
         while time.monotonic() < deadline:
             # The worker is never taken for lost (None: the worker's own rescue pass, on its
             # maintainer's thread while the claim waits, held the rescue lock at that instant).
@@ -351,8 +353,8 @@ def test_a_claim_blocked_on_a_lock_longer_than_the_worker_timeout_runs_nothing_t
 def test_heartbeats_go_on_during_the_shutdown_grace(settings) -> None:
     from django_pgtasks.worker.liveness import rescue
 
-    settings.PGTASKS = {**settings.PGTASKS, "WORKER_TIMEOUT": 1.0, "RESCUE_GRACE": 0.5}
-    task = Task.objects.enqueue(lifecycle.logged_sleep, 2.5)
+    settings.PGTASKS = {**settings.PGTASKS, "WORKER_TIMEOUT": 2.0, "RESCUE_GRACE": 0.5}
+    task = Task.objects.enqueue(lifecycle.logged_sleep, 4.5)  # past two worker timeouts
     worker = Worker(concurrency=1, shutdown_grace=30, worker_id="grace")
     thread = start(worker)
     try:

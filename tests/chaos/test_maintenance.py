@@ -147,7 +147,8 @@ def test_a_long_maintenance_job_delays_neither_claims_nor_the_shutdown(slow_job,
         wait_until(lambda: Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL, 30,
                    "the task to succeed")
         task.refresh_from_db()
-        assert (task.started_at - task.created_at).total_seconds() < START_AT_MOST
+        # Far under the job's minute-long statement, far over a loaded machine's delays.
+        assert (task.started_at - task.created_at).total_seconds() < 10
         with caplog.at_level(logging.DEBUG, logger="django_pgtasks.worker"):
             stopping = time.monotonic()
             worker.stop()
@@ -158,7 +159,7 @@ def test_a_long_maintenance_job_delays_neither_claims_nor_the_shutdown(slow_job,
         thread.join(30)
     assert not thread.is_alive()
     # The job had its grace (STOP_WAIT), then its statement was cancelled: cut off, not failed.
-    assert took < STOP_WAIT + 3, took
+    assert took < STOP_WAIT + 20, took  # not the statement's minute
     assert sleeping_backends() == 0
     assert "Maintenance job tests.slow cut off by the worker's stop" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -76,7 +76,8 @@ def test_sync_and_async_handlers_run_side_by_side_on_one_worker() -> None:
     on_loop = [Task.objects.enqueue(aio.where) for _ in range(3)]
     on_threads = [Task.objects.enqueue(aio.where_sync) for _ in range(3)]
     atomic = Task.objects.enqueue(aio.where_atomic)
-    waiting = Task.objects.enqueue_many([*(aio.sleeps.build(0.5) for _ in range(20)),
+    # 3 s each: all 20 are asleep together even if their starts spread over a slow second.
+    waiting = Task.objects.enqueue_many([*(aio.sleeps.build(3.0) for _ in range(20)),
                                          *(tasks.sleepy.build(0.2) for _ in range(4))])
     drain(concurrency=50)
     assert not Task.objects.exclude(status=Status.SUCCESSFUL).exists()

@@ -65,10 +65,13 @@ def test_signals_and_results_of_batched_successes_follow_the_recording(settings)
     assert threads == {"pgtasks-callbacks"}, threads
 
 
-def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown() -> None:
+def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown(tmp_path) -> None:
     from django_pgtasks import signals
 
-    Task.objects.enqueue_bulk(tasks.sleepy, [(1.5,)] * 6)
+    # Each task runs until the gate opens, after the stop: the first is still running when
+    # the worker is told to stop, however slow the machine.
+    gate = tmp_path / "gate"
+    Task.objects.enqueue_bulk(tasks.waits_for, [(str(gate), 60)] * 6)
     worker = Worker(concurrency=1, prefetch=3, worker_id="prefetcher")
     # Held means claimed; the stop must come once the first task has also started (a claimed
     # task that has not started is given back at shutdown, like the prefetched ones).
@@ -83,6 +86,7 @@ def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown() ->
         assert Task.objects.held_by("prefetcher").count() == 4  # 1 running + 3 prefetched
     finally:
         worker.stop()
+        gate.touch()
         thread.join(30)
         signals.task_started.disconnect(dispatch_uid="prefetch-started")
     rows = list(Task.objects.order_by("id").values_list("status", "attempt", "worker_ids"))

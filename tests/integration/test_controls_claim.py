@@ -149,7 +149,7 @@ def test_the_claim_says_to_look_again_when_key_limits_cut_a_full_window_short() 
     assert Task.objects.claim("w", limit=2).retry_in is None  # nothing left to find
 
 
-def test_the_plain_claim_never_takes_a_keyed_task() -> None:
+def test_the_plain_claim_never_takes_a_keyed_task(kept_claim_mode: None) -> None:
     """Even when the process still believes no keys are in use (its decision is kept for
     CONTROLS_REFRESH seconds), the plain claim leaves keyed tasks alone."""
     claiming._remember("default", ("default",), controlled=False)

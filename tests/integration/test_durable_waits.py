@@ -452,11 +452,12 @@ def test_the_progress_of_a_running_task_is_written_while_it_runs() -> None:
         wait_until(lambda: Task.objects.get(pk=task.pk).progress["done"] > first["done"])
         second = Task.objects.get(pk=task.pk).progress
         # The worker decides on its own clock (a write WRITE_INTERVAL after the last one);
-        # the times are the statements' on the database clock, a few milliseconds apart
-        # from those decisions.
+        # the times are the statements' on the database clock, apart from those decisions
+        # by as long as a statement takes to start (the first may open the thread's
+        # connection): half the interval still tells it from a write at every call.
         apart = (timezone.datetime.fromisoformat(second["at"])
                  - timezone.datetime.fromisoformat(first["at"]))
-        assert apart >= timedelta(seconds=run_report.WRITE_INTERVAL * 0.9)
+        assert apart >= timedelta(seconds=run_report.WRITE_INTERVAL * 0.5)
     finally:
         # The handler runs until cancelled: cancel it first, whatever happened above.
         Task.objects.filter(pk=task.pk).cancel()

@@ -58,7 +58,9 @@ def test_pause_applies_to_the_controlled_claim_as_well() -> None:
     assert claimed_queues(queues=["default", "emails"]) == ["emails", "emails"]
 
 
-def test_a_pause_is_seen_at_once_even_by_a_process_that_kept_its_claim_decision() -> None:
+def test_a_pause_is_seen_at_once_even_by_a_process_that_kept_its_claim_decision(
+    kept_claim_mode: None,
+) -> None:
     """The pause is read by the claim statement itself, not from a cached decision."""
     Task.objects.enqueue(tasks.noop, queue="emails")
     claiming._remember("default", ("emails",), controlled=False)

@@ -88,7 +88,7 @@ def test_the_window_slides_and_a_lower_limit_applies_at_once() -> None:
     assert len(Task.objects.claim("w", queues=["default"], limit=10)) == 3
 
 
-def test_the_plain_claim_leaves_a_rate_limited_queue_alone() -> None:
+def test_the_plain_claim_leaves_a_rate_limited_queue_alone(kept_claim_mode: None) -> None:
     """Even when the process still believes no limits are in use."""
     Task.objects.enqueue_many(tasks.noop.build() for _ in range(3))
     claiming._remember("default", ("default",), controlled=False)

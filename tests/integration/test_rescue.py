@@ -53,7 +53,7 @@ def vanish(liveness: Liveness) -> None:
 
 def wait_for_lock_release(key: int) -> None:
     """The server ends a session a moment after its client disconnects."""
-    wait_until(lambda: not lock_held(key), 10, f"lock {key} to be released")
+    wait_until(lambda: not lock_held(key), 30, f"lock {key} to be released")
 
 
 def lock_held(key: int) -> bool:
@@ -90,16 +90,19 @@ def test_a_running_worker_is_registered_with_its_lock_and_removed_when_it_stops(
                 seen.append(row.last_seen_at)
             return len(seen) >= 3
 
-        wait_until(beat, 10, "two more heartbeats")
+        wait_until(beat, 30, "two more heartbeats")
         assert seen == sorted(seen)
     finally:
         worker.stop()
-        thread.join(10)
+        thread.join(30)
     assert not WorkerProcess.objects.filter(name="registered").exists()
     wait_for_lock_release(row.lock_key)
 
 
-def test_tasks_of_a_worker_whose_lock_vanished_are_rescued_after_the_grace() -> None:
+def test_tasks_of_a_worker_whose_lock_vanished_are_rescued_after_the_grace(settings) -> None:
+    # A grace far longer than the steps below take, however slow the machine (with the
+    # 1 s of tests/settings.py, a slow second would end it before the check "within").
+    settings.PGTASKS = {**settings.PGTASKS, "RESCUE_GRACE": 30.0, "WORKER_TIMEOUT": 120.0}
     liveness = ghost()
     key = lock_key(liveness.pk)
     task = Task.objects.enqueue(tasks.noop)
@@ -108,7 +111,7 @@ def test_tasks_of_a_worker_whose_lock_vanished_are_rescued_after_the_grace() -> 
     liveness.close()  # what kill -9 does: the session ends, PostgreSQL drops the lock
     wait_for_lock_release(key)
     assert rescue() == []  # within the grace (a database restart looks like this at first)
-    age("ghost", 1.5)  # RESCUE_GRACE is 1s in tests/settings.py
+    age("ghost", 31)
     [rescued] = rescue()
     # An interruption, not a failure: the attempt is given back.
     assert (rescued.id, rescued.worker, rescued.status) == (task.pk, "ghost", Status.READY)
@@ -325,7 +328,9 @@ def test_stuck_lists_what_rescue_would_take_and_the_command_rescues_it(capsys) -
 
 
 def test_a_sync_task_over_its_time_limit_fails_and_frees_its_slot() -> None:
-    slow = Task.objects.enqueue(tasks.hangs, 2.0)
+    # Hangs 6 s past its 0.5 s limit: room for the quick task to run before the abandoned
+    # handler returns, however slow the machine.
+    slow = Task.objects.enqueue(tasks.hangs, 6.0)
     quick = Task.objects.enqueue(tasks.noop, priority=0)  # runs after `slow` started
     worker = Worker(concurrency=1, burst=True)
     assert worker.run(install_signals=False) == 0
@@ -337,7 +342,7 @@ def test_a_sync_task_over_its_time_limit_fails_and_frees_its_slot() -> None:
     assert quick.status == Status.SUCCESSFUL  # the one slot was handed on
     # The abandoned handler finishes later, and hands in its success: the thread is then
     # done with the task (no longer counted as stuck).
-    wait_until(lambda: worker._pool.stuck == 0, 10, "the abandoned handler to finish")
+    wait_until(lambda: worker._pool.stuck == 0, 30, "the abandoned handler to finish")
     assert quick.finished_at < Execution.objects.get(task_id=slow.pk).created_at
     # The worker had stopped: its late success waits, handed in. Recorded as the loop would
     # have, had it still been running, it changes nothing: the lease guard refuses it.
@@ -360,12 +365,14 @@ def test_an_async_task_over_its_time_limit_is_cancelled() -> None:
 
 
 def test_a_worker_with_more_stuck_threads_than_slots_stops_to_be_replaced() -> None:
-    Task.objects.enqueue_many(tasks.hangs.build(2.0) for _ in range(2))
+    # Each hangs 6 s past its 0.5 s limit: the second one overruns too before the first
+    # abandoned handler returns, however slow the machine.
+    Task.objects.enqueue_many(tasks.hangs.build(6.0) for _ in range(2))
     worker = Worker(concurrency=1)
     assert worker.run(install_signals=False) == 1
     assert Task.objects.failed().count() == 2
     # Let the abandoned handlers finish here, not in the middle of a later test.
-    wait_until(lambda: Execution.objects.filter(worker="late").count() == 2, 15,
+    wait_until(lambda: Execution.objects.filter(worker="late").count() == 2, 30,
                "the abandoned handlers to finish")
 
 
@@ -374,7 +381,7 @@ def test_tasks_of_a_claim_whose_reply_was_lost_are_given_back() -> None:
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     try:
-        wait_until(lambda: WorkerProcess.objects.filter(name=worker.worker_id).exists(), 10,
+        wait_until(lambda: WorkerProcess.objects.filter(name=worker.worker_id).exists(), 30,
                    "the worker to register")
         # A claim that committed in the database while its reply never reached the worker:
         # the task is RUNNING under the live worker, which does not know of it.
@@ -382,10 +389,10 @@ def test_tasks_of_a_claim_whose_reply_was_lost_are_given_back() -> None:
             Task.objects.enqueue(tasks.noop)
             [lost] = Task.objects.claim(worker.worker_id)
         worker._check_orphans = True  # what a claim that raised sets
-        wait_until(lambda: Task.objects.get(pk=lost.pk).status == Status.SUCCESSFUL, 10,
+        wait_until(lambda: Task.objects.get(pk=lost.pk).status == Status.SUCCESSFUL, 30,
                    "the lost task to be given back and run")
         # Given back without counting the lost attempt, then run once by the worker.
         assert Task.objects.get(pk=lost.pk).attempt == 1
     finally:
         worker.stop()
-        thread.join(10)
+        thread.join(30)

@@ -146,7 +146,7 @@ def test_kill_9_of_the_worker_takes_its_children_with_it(start_command, tmp_path
     first.wait(timeout=30)
     # No orphan runs on: the fork server and its child die with the worker.
     wait_until(lambda: tasks.process_is_gone(run["pid"]) and tasks.process_is_gone(run["ppid"]),
-               timeout=10, what="the worker's child and fork server to be gone")
+               timeout=30, what="the worker's child and fork server to be gone")
     assert Task.objects.get(pk=task.pk).status == Status.RUNNING  # not rescued yet
     gate.touch()  # the next run ends at once
     second, _ = _start(start_command, "rescuer")

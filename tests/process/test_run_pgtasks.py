@@ -13,7 +13,7 @@ import time
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_pgtasks.models import Status, Task
+from django_pgtasks.models import Status, Task, WorkerProcess
 from django_pgtasks.worker.loop import Worker
 from tests.helpers import Output, wait_until
 from tests.testapp import tasks
@@ -193,7 +193,10 @@ def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
     # claim whose COMMIT the process sent just before it died commits a moment later.)
     assert {pk for pk, n in interrupted.items() if n == 1} == rescued
     assert set(Task.objects.values_list("attempt", flat=True)) == {1}
-    assert Task.objects.filter(locked_by="sup-0.1").exists()  # the replacement's new id
+    # The replacement works under a new id (registered as such: whether it also claims
+    # some of the 300 tasks before the live process drains them depends on the machine).
+    wait_until(lambda: WorkerProcess.objects.filter(name="sup-0.1").exists(), timeout=60,
+               what="the replacement to register as sup-0.1")
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0, out.text
     assert "All worker processes stopped." in out.text
@@ -264,14 +267,16 @@ def test_a_task_raising_system_exit_in_burst_mode_lets_the_worker_out_at_once(
     exiting = [Task.objects.enqueue(tasks.exits).pk, int(dj_tasks.exits.enqueue().id),
                Task.objects.enqueue(tasks.async_exits).pk]
     others = Task.objects.enqueue_many(tasks.add.build(i, i) for i in range(5))
-    process = start_command("run_pgtasks", "--burst")
+    # A minute-long poll interval: a worker kept waiting by anything lingers far past the
+    # bound, whatever the machine's load.
+    process = start_command("run_pgtasks", "--burst", "--poll-interval", "60")
     out = Output(process)
     wait_until(lambda: Task.objects.filter(pk__in=exiting, status=Status.FAILED).count() == 3
                and Task.objects.succeeded().count() == len(others),
                what="every task to be recorded")
     emptied = time.monotonic()
-    assert process.wait(timeout=30) == 0, out.text
-    assert time.monotonic() - emptied < 2, out.text
+    assert process.wait(timeout=90) == 0, out.text
+    assert time.monotonic() - emptied < 15, out.text
     for pk in exiting:
         assert re.search(rf"Task id={pk} name=\S+ queue=default state=FAILED "
                          r".* error=SystemExit: 3", out.text), out.text
