@@ -302,17 +302,24 @@ def terminate_worker_backends() -> int:
         return cursor.fetchone()[0]
 
 
-def race_scheduler_passes(seconds: float = 3.0, threads: int = 8) -> None:
+def race_scheduler_passes(seconds: float = 3.0, threads: int = 8,
+                          until: Callable[[], bool] | None = None) -> None:
     """Run scheduler passes in ``threads`` threads at once for ``seconds``, each thread with
-    its own connection, as concurrent workers would; fail the test on any error."""
+    its own connection, as concurrent workers would, and on until ``until()`` holds (at most a
+    minute more: a slow machine starts the threads late); fail the test on any error."""
     from django_pgtasks.scheduling import job
 
     deadline = time.monotonic() + seconds
+    last = deadline + 60
     errors: list[BaseException] = []
+
+    def racing() -> bool:
+        now = time.monotonic()
+        return now < deadline or (until is not None and now < last and not until())
 
     def race() -> None:
         try:
-            while time.monotonic() < deadline:
+            while racing():
                 job.run_scheduler("default")
         except BaseException as exc:
             errors.append(exc)

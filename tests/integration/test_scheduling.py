@@ -154,7 +154,7 @@ def test_eight_threads_racing_scheduler_passes_produce_each_run_once(configure) 
     # the planned times then follow each other with no gap, each once.
     configure(SCHEDULE={"fast": {"task": TICK, "schedule": every(seconds=0.2)}},
               MISSED_RUNS="all")
-    race_scheduler_passes()
+    race_scheduler_passes(until=lambda: len(planned_runs("fast")) >= 12)
     runs = planned_runs("fast")
     assert len(runs) >= 12
     assert max(Counter(runs).values()) == 1
