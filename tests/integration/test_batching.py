@@ -68,8 +68,8 @@ def test_signals_and_results_of_batched_successes_follow_the_recording(settings)
 def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown(tmp_path) -> None:
     from django_pgtasks import signals
 
-    # Each task runs until the gate opens, after the stop: the first is still running when
-    # the worker is told to stop, however slow the machine.
+    # Each task runs until the gate opens, once the stopping worker has given the prefetched
+    # ones back: the first is still running meanwhile, however slow the machine.
     gate = tmp_path / "gate"
     Task.objects.enqueue_bulk(tasks.waits_for, [(str(gate), 60)] * 6)
     worker = Worker(concurrency=1, prefetch=3, worker_id="prefetcher")
@@ -86,9 +86,13 @@ def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown(tmp_
         assert Task.objects.held_by("prefetcher").count() == 4  # 1 running + 3 prefetched
     finally:
         worker.stop()
-        gate.touch()
-        thread.join(30)
-        signals.task_started.disconnect(dispatch_uid="prefetch-started")
+        try:
+            wait_until(lambda: Task.objects.filter(status=Status.READY, attempt=0).count() == 5,
+                       30, "the prefetched tasks to be given back (and two never claimed)")
+        finally:
+            gate.touch()
+            thread.join(30)
+            signals.task_started.disconnect(dispatch_uid="prefetch-started")
     rows = list(Task.objects.order_by("id").values_list("status", "attempt", "worker_ids"))
     assert rows.count((Status.SUCCESSFUL, 1, ["prefetcher"])) == 1  # the one that ran
     assert rows.count((Status.READY, 0, [])) == 5  # given back as never claimed
