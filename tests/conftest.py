@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -93,9 +92,10 @@ def run_command(subprocess_env: dict[str, str]) -> Callable[..., subprocess.Comp
 @contextlib.contextmanager
 def started_processes(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen]]:
     """A function that starts ``django-admin <args>`` in the background with ``env`` (plus
-    the keyword arguments as variables); at the end, every process still running is killed
-    with the processes it started (each runs in a session of its own): a supervisor's worker
-    processes must not outlive the test and claim the next test's tasks."""
+    the keyword arguments as variables), each in a session of its own; at the end, every one
+    is killed with the processes under it (:func:`tests.helpers.kill_process_tree`): a
+    supervisor's worker processes must not outlive the test and claim the next test's
+    tasks."""
     processes: list[subprocess.Popen] = []
 
     def start(*args: str, **extra: str) -> subprocess.Popen:
@@ -109,9 +109,10 @@ def started_processes(env: dict[str, str]) -> Iterator[Callable[..., subprocess.
     try:
         yield start
     finally:
+        from tests.helpers import kill_process_tree
+
         for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # its children too, even if it ended
+            kill_process_tree(process)
             process.wait(timeout=10)
             if process.stdout:
                 process.stdout.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -67,6 +68,40 @@ def conninfo() -> dict:
     s = connection.settings_dict
     return {"host": s["HOST"] or None, "port": s["PORT"] or None, "user": s["USER"] or None,
             "password": s["PASSWORD"] or None, "dbname": s["NAME"]}
+
+
+def kill_process_tree(process: subprocess.Popen) -> None:
+    """SIGKILL a command started in a session of its own, and every process under it.
+
+    Killing its process group is not enough: a supervisor's worker processes put themselves in
+    groups of their own (worker/supervisor.py), and once the supervisor is gone they are no
+    longer its children, so they cannot be found afterwards; left alone, they go on claiming
+    the next test's tasks until they notice their supervisor is gone. The group is stopped
+    first (a stopped supervisor starts no replacement), then each group found under it
+    killed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGSTOP)
+    groups = {process.pid}
+    for pid in _descendants(process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(pid))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (Linux: /proc/<pid>/task/*/children)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{parent}/task"):
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    children = [int(child) for child in f.read().split()]
+                found += children
+                todo += children
+    return found
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 120, what: str = "") -> None:

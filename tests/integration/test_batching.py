@@ -84,15 +84,14 @@ def test_prefetched_tasks_wait_as_running_and_go_back_unstarted_at_shutdown(tmp_
         wait_until(lambda: Task.objects.held_by("prefetcher").count() >= 4
                    and started.is_set(), 10, "the claim and the first task's start")
         assert Task.objects.held_by("prefetcher").count() == 4  # 1 running + 3 prefetched
+        worker.stop()
+        wait_until(lambda: Task.objects.filter(status=Status.READY, attempt=0).count() == 5,
+                   30, "the prefetched tasks to be given back (and two never claimed)")
     finally:
         worker.stop()
-        try:
-            wait_until(lambda: Task.objects.filter(status=Status.READY, attempt=0).count() == 5,
-                       30, "the prefetched tasks to be given back (and two never claimed)")
-        finally:
-            gate.touch()
-            thread.join(30)
-            signals.task_started.disconnect(dispatch_uid="prefetch-started")
+        gate.touch()
+        thread.join(30)
+        signals.task_started.disconnect(dispatch_uid="prefetch-started")
     rows = list(Task.objects.order_by("id").values_list("status", "attempt", "worker_ids"))
     assert rows.count((Status.SUCCESSFUL, 1, ["prefetcher"])) == 1  # the one that ran
     assert rows.count((Status.READY, 0, [])) == 5  # given back as never claimed

@@ -194,9 +194,9 @@ def test_a_higher_priority_task_enqueued_after_the_bound_is_claimed_first(
 
 def in_claim_order(enqueued: list[Task]) -> list[Task]:
     """Tasks enqueued one after the other, in the order a claim takes them: by their due time
-    as the database stored it, then id. Not always the order they were enqueued in: the
-    database clock can step back a little between two statements (a virtual machine's clock
-    being corrected), and a claim once took the fourth of five such tasks first."""
+    as the database stored it, then id. The enqueue order is not assumed to be that order:
+    each due time is the database clock at its own statement, which nothing guarantees to
+    only move forward between two statements."""
     return sorted(enqueued, key=lambda task: (task.run_after, task.pk))
 
 

@@ -102,7 +102,7 @@ def test_a_running_worker_is_registered_with_its_lock_and_removed_when_it_stops(
 def test_tasks_of_a_worker_whose_lock_vanished_are_rescued_after_the_grace(settings) -> None:
     # A grace far longer than the steps below take, however slow the machine (with the
     # 1 s of tests/settings.py, a slow second would end it before the check "within").
-    settings.PGTASKS = {**settings.PGTASKS, "RESCUE_GRACE": 30.0, "WORKER_TIMEOUT": 120.0}
+    settings.PGTASKS = {**settings.PGTASKS, "RESCUE_GRACE": 30.0}
     liveness = ghost()
     key = lock_key(liveness.pk)
     task = Task.objects.enqueue(tasks.noop)

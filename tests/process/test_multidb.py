@@ -17,7 +17,6 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -26,7 +25,6 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.db import connections, transaction
 from django.urls import reverse
-from django.utils import timezone
 
 from django_pgtasks.checks import check_queue_databases, check_queue_tables, check_settings
 from django_pgtasks.definition.routing import database_for_queue, queue_databases, queues_on
@@ -35,7 +33,7 @@ from django_pgtasks.scheduling import run_scheduler
 from django_pgtasks.worker.executor import _enqueue_followups
 from django_pgtasks.worker.liveness import rescue
 from django_pgtasks.worker.loop import Worker
-from tests.conftest import ROOT, manage_command
+from tests.conftest import ROOT, manage_command, started_processes
 from tests.helpers import wait_until
 from tests.settings_multidb import MULTIDB_QUEUES, SECOND
 from tests.testapp import tasks
@@ -63,23 +61,9 @@ def env(subprocess_env: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture
 def start(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen]]:
-    processes: list[subprocess.Popen] = []
-
-    def start(*args: str) -> subprocess.Popen:
-        process = subprocess.Popen(
-            manage_command(*args), env=env, cwd=ROOT, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )
-        processes.append(process)
-        return process
-
-    yield start
-    for process in processes:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-        if process.stdout:
-            process.stdout.close()
+    """Start a command with the two-database settings; killed with its workers at the end."""
+    with started_processes(env) as start:
+        yield start
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -464,13 +448,9 @@ def same_pk_on_both() -> dict[str, Task]:
 
 
 def test_the_dashboard_shows_every_database(admin_client: Any) -> None:
-    # Due a minute ago: "waiting" counts the tasks due by the database clock as the dashboard
-    # reads it, and a virtual machine's clock corrected back a little between the enqueue and
-    # that read once made tasks enqueued just before look scheduled.
-    due = timezone.now() - timedelta(minutes=1)
-    tasks.noop.enqueue(queue="emails", run_after=due)
+    tasks.noop.enqueue(queue="emails")
     for _ in range(3):
-        tasks.noop.enqueue(queue="exports", run_after=due)
+        tasks.noop.enqueue(queue="exports")
     url = reverse("admin:django_pgtasks_task_dashboard")
     response = admin_client.get(url)
     assert response.status_code == 200

@@ -166,6 +166,37 @@ def test_prefetched_tasks_of_a_killed_worker_are_rescued_and_run_once(start_comm
                   .values_list("result", flat=True)) == [0, 2, 4]
 
 
+def not_killed(pid: int) -> bool:
+    """A process that exists, is not a zombie, and has no SIGKILL pending (one that has
+    cannot run another line)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+    except FileNotFoundError:
+        return False
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    return not fields["State"].strip().startswith(("Z", "X")) and not (
+        pending & 1 << (signal.SIGKILL - 1))
+
+
+def test_a_killed_supervisor_takes_its_worker_processes_with_it_at_the_tests_end(
+        subprocess_env) -> None:
+    """The tests' teardown kills what they started with every process under it: a
+    supervisor's workers, in process groups of their own, would otherwise go on claiming the
+    next test's tasks until they notice their supervisor is gone."""
+    from tests.conftest import started_processes
+
+    with started_processes(subprocess_env) as start:
+        process = start("run_pgtasks", "--processes", "2", "--worker-id", "tree")
+        out = Output(process)
+        children = [int(out.wait_for(rf"Started worker process {i} pid=(\d+)").group(1))
+                    for i in range(2)]
+        # Each worker process moves to a group of its own as it starts.
+        wait_until(lambda: all(os.getpgid(pid) == pid for pid in children), 30,
+                   "the worker processes to be in groups of their own")
+    assert not [pid for pid in children if not_killed(pid)]
+
+
 def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
     Task.objects.enqueue_many(tasks.sleepy.build(0.02) for _ in range(300))
     process = start_command("run_pgtasks", "--processes", "2", "--concurrency", "2",
