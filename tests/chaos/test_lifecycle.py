@@ -455,9 +455,10 @@ def test_the_loops_own_connection_waits_for_locks_only_so_long() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('lock_timeout'), "
                        "current_setting('statement_timeout'), "
-                       "current_setting('enable_bitmapscan')")
-        assert cursor.fetchone() == (LOCK_TIMEOUT, STATEMENT_TIMEOUT, "off") == (
-            "5s", "5min", "off")
+                       "current_setting('enable_bitmapscan'), "
+                       "current_setting('random_page_cost')")
+        assert cursor.fetchone() == (LOCK_TIMEOUT, STATEMENT_TIMEOUT, "off", "1.1") == (
+            "5s", "5min", "off", "1.1")
 
 
 def test_a_stage_whose_success_and_next_stage_are_refused_fails_instead_of_staying_running(

@@ -291,3 +291,21 @@ def test_the_loops_session_reads_the_running_index_entry_by_entry_even_without_s
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "Index Scan using pgtasks_task_running_idx" in plan, plan
     assert "Bitmap" not in plan, plan
+
+
+@pytest.mark.django_db  # rolled back: the session settings too
+def test_the_loops_session_looks_up_the_largest_batch_by_id_in_the_primary_key() -> None:
+    """On an analyzed live partition of 20,000 tasks, the outcome statement of
+    ``BY_ID_AT_MOST`` runs looks each run up in the primary key in the loop's session; with
+    the server's default cost of a random page read the planner reads the whole partition."""
+    from django_pgtasks.worker.loop import Worker
+
+    Task.objects.enqueue_bulk(tasks.noop, [[] for _ in range(20_000)])
+    claimed = Task.objects.claim("w", ["default"], limit=BY_ID_AT_MOST)
+    assert len(claimed) == BY_ID_AT_MOST
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgtasks_task")
+    Worker(concurrency=1)._prepare_session()  # this thread's connection, as the loop's
+    plan = plan_of(*outcome_statement(claimed))
+    assert "Index Scan using pgtasks_task_live_pkey" in plan, plan
+    assert "Seq Scan" not in plan, plan
