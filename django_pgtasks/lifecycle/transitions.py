@@ -125,9 +125,10 @@ _LEASED_BY_ID = _LEASED.replace("t.status = 'RUNNING'", f"t.{RUNNING}")
 #: The largest batch whose rows are found by primary key (:data:`_LEASED_BY_ID`). Large
 #: enough for what the defaults record at a time (about 90 runs per statement when no-op
 #: tasks drain): at 64, under a held snapshot, those statements read the running index's
-#: dead entries and the defaults kept about 70% of their rate, against 90-100% at 256. On a
-#: live partition of 100,000 tasks the planner still looks 256 ids up one by one; on a small
-#: one it may read the whole partition instead, which is then what costs least.
+#: dead entries and the defaults kept 72-88% of their rate, against 89-104% at 256. The
+#: loop's session costs random page reads low enough (worker/loop.py) that the planner looks
+#: 256 ids up one by one on a live partition of 20,000 tasks; on a smaller one it may read
+#: the whole partition instead, which is then what costs least.
 BY_ID_AT_MOST = 256
 
 # Successes: the (JSON text) result of each run; NULL for None.
