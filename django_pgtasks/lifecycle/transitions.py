@@ -125,7 +125,8 @@ _LEASED_BY_ID = _LEASED.replace("t.status = 'RUNNING'", f"t.{RUNNING}")
 #: The largest batch whose rows are found by primary key (:data:`_LEASED_BY_ID`). Large
 #: enough for what the defaults record at a time (about 90 runs per statement when no-op
 #: tasks drain): at 64, under a held snapshot, those statements read the running index's
-#: dead entries and the defaults kept 72-88% of their rate, against 89-104% at 256. The
+#: dead entries: the defaults kept 69% of their rate at 100,000 tasks in the benchmark
+#: (bench/results/2026-11-27-vm-5.json), and 87% at 256 (2026-11-27-vm-6.json). The
 #: loop's session costs random page reads low enough (worker/loop.py) that the planner looks
 #: 256 ids up one by one on a live partition of 20,000 tasks; on a smaller one it may read
 #: the whole partition instead, which is then what costs least.
