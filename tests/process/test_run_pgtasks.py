@@ -14,7 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_pgtasks.models import Status, Task, WorkerProcess
-from django_pgtasks.worker.loop import Worker
+from django_pgtasks.worker.loop import GC_THRESHOLD, Worker
 from tests.helpers import Output, wait_until
 from tests.testapp import tasks
 
@@ -390,17 +390,25 @@ def test_the_worker_freezes_what_its_start_up_made_out_of_the_collectors_passes(
         run_command) -> None:
     """The command's worker owns its process: Django, the apps and the handlers' modules are
     frozen out of the garbage collector's generations once it has started (its full passes
-    would walk them again and again as claimed tasks come and go). A worker run inside a
-    process it does not own (a test's, an application's thread) leaves the collector alone."""
+    would walk them again and again as claimed tasks come and go), and the collector's first
+    pass waits for ``GC_THRESHOLD`` new objects. A worker run inside a process it does not
+    own (a test's, an application's thread) leaves the collector alone."""
     task = Task.objects.enqueue(tasks.frozen_objects)
+    threshold = Task.objects.enqueue(tasks.gc_first_threshold)
     result = run_command("run_pgtasks", "--burst")
     assert result.returncode == 0, result.stderr
     task.refresh_from_db()
-    assert task.status == Status.SUCCESSFUL
+    threshold.refresh_from_db()
+    assert task.status == threshold.status == Status.SUCCESSFUL
     assert task.result > 10_000  # Django and the apps alone are well over that
+    assert threshold.result == GC_THRESHOLD != gc.get_threshold()[0]
 
     in_process = Task.objects.enqueue(tasks.frozen_objects)
-    before = gc.get_freeze_count()
+    in_process_threshold = Task.objects.enqueue(tasks.gc_first_threshold)
+    before = gc.get_freeze_count(), gc.get_threshold()
     Worker(burst=True).run(install_signals=False)
     in_process.refresh_from_db()
-    assert in_process.result == before
+    in_process_threshold.refresh_from_db()
+    assert in_process.result == before[0]
+    assert in_process_threshold.result == before[1][0]
+    assert gc.get_threshold() == before[1]

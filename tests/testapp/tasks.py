@@ -418,3 +418,11 @@ def frozen_objects() -> int:
     import gc
 
     return gc.get_freeze_count()
+
+
+@pgtask
+def gc_first_threshold() -> int:
+    """The garbage collector's first threshold in this process (gc.set_threshold)."""
+    import gc
+
+    return gc.get_threshold()[0]
