@@ -89,9 +89,9 @@ LOCK_TIMEOUT = "5s"
 STATEMENT_TIMEOUT = "5min"
 #: The garbage collector's first threshold in a worker that owns its process (Python's default
 #: is 700): how many more container objects must be alive than at the last pass before the
-#: next. A claim of 32 tasks keeps more than 700 alive at once (each task's instance, its
-#: arguments, its run), so with 700 a worker of 2 processes x 32 threads ran a young
-#: collection every 50 tasks or so, at about 0.25 ms each, whatever the objects had become:
+#: next. The tasks a claim brings in make hundreds of such objects that stay alive while they
+#: run (each task's instance and JSON values, its run's state), so with 700 a worker of 2
+#: processes x 32 threads ran a young collection every 50 tasks or so, at about 0.25 ms each:
 #: 0.2 to 0.25 s of each process's CPU in a drain of 100,000 tasks, 4 to 5 us per task (timed
 #: with gc.callbacks in one-off rounds). With 20,000 the same drain ran one. Garbage that only
 #: the collector frees (reference cycles) waits a little longer, and it is still freed.
