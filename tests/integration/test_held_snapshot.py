@@ -305,7 +305,10 @@ def test_the_loops_session_looks_up_the_largest_batch_by_id_in_the_primary_key()
     assert len(claimed) == BY_ID_AT_MOST
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgtasks_task")
+    statement = outcome_statement(claimed)
+    # What the setting is for: in a session with the server's settings, the whole partition.
+    assert "Seq Scan on pgtasks_task_live" in plan_of(*statement)
     Worker(concurrency=1)._prepare_session()  # this thread's connection, as the loop's
-    plan = plan_of(*outcome_statement(claimed))
+    plan = plan_of(*statement)
     assert "Index Scan using pgtasks_task_live_pkey" in plan, plan
     assert "Seq Scan" not in plan, plan
