@@ -296,8 +296,13 @@ def test_the_loops_session_reads_the_running_index_entry_by_entry_even_without_s
 @pytest.mark.django_db  # rolled back: the session settings too
 def test_the_loops_session_looks_up_the_largest_batch_by_id_in_the_primary_key() -> None:
     """On an analyzed live partition of 20,000 tasks, the outcome statement of
-    ``BY_ID_AT_MOST`` runs looks each run up in the primary key in the loop's session; with
-    the server's default cost of a random page read the planner reads the whole partition."""
+    ``BY_ID_AT_MOST`` runs looks each run up in the primary key in the loop's session.
+
+    With the server's default cost of a random page read (4) this test fails on a freshly
+    filled test database: the planner reads the whole partition. It does not assert that
+    case: what the planner does at 4 depends on the partition's size in pages, which the
+    tests run before this one in the same database change (with earlier tests' dead rows the
+    lookup by primary key wins at 4 as well)."""
     from django_pgtasks.worker.loop import Worker
 
     Task.objects.enqueue_bulk(tasks.noop, [[] for _ in range(20_000)])
@@ -305,10 +310,7 @@ def test_the_loops_session_looks_up_the_largest_batch_by_id_in_the_primary_key()
     assert len(claimed) == BY_ID_AT_MOST
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgtasks_task")
-    statement = outcome_statement(claimed)
-    # What the setting is for: in a session with the server's settings, the whole partition.
-    assert "Seq Scan on pgtasks_task_live" in plan_of(*statement)
     Worker(concurrency=1)._prepare_session()  # this thread's connection, as the loop's
-    plan = plan_of(*statement)
+    plan = plan_of(*outcome_statement(claimed))
     assert "Index Scan using pgtasks_task_live_pkey" in plan, plan
     assert "Seq Scan" not in plan, plan
