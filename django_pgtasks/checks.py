@@ -287,10 +287,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
         errors.append(_error("PGTASKS['PREFETCH'] must be 'auto' or an integer >= 0.", "E013"))
     pool_problem = check_options(PoolOptions(
         kind=pgtasks_settings.POOL, max_tasks_per_child=pgtasks_settings.MAX_TASKS_PER_CHILD,
-        max_memory_per_child=pgtasks_settings.MAX_MEMORY_PER_CHILD))
+        max_memory_per_child=pgtasks_settings.MAX_MEMORY_PER_CHILD,
+        cancel_grace=pgtasks_settings.CANCEL_GRACE))
     if pool_problem:
-        errors.append(_error(f"PGTASKS['POOL'], ['MAX_TASKS_PER_CHILD'] or "
-                             f"['MAX_MEMORY_PER_CHILD']: {pool_problem}.", "E025"))
+        errors.append(_error(f"PGTASKS['POOL'], ['MAX_TASKS_PER_CHILD'], "
+                             f"['MAX_MEMORY_PER_CHILD'] or ['CANCEL_GRACE']: {pool_problem}.",
+                             "E025"))
     level = pgtasks_settings.TASK_LOG_LEVEL
     if level is not None and not (
             (isinstance(level, int) and not isinstance(level, bool))

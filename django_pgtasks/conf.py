@@ -64,6 +64,11 @@ DEFAULTS: dict[str, Any] = {
     # Process pool only: replace a child whose resident memory after a task is above this
     # many MiB (None: never).
     "MAX_MEMORY_PER_CHILD": None,
+    # Process pool only: seconds a running task's handler has to stop once its cancellation
+    # reaches the worker; past them its child process is stopped (SIGTERM, SIGKILL 5 s
+    # later) and the task ends CANCELLED. None: never stopped (cooperative only, as on the
+    # thread and async pools).
+    "CANCEL_GRACE": 10.0,
     # Tasks a worker claims beyond its free threads, so the next task is at hand the moment a
     # thread frees up and claims come in batches. They show as RUNNING while they wait, and
     # are given back at once (the attempt not counted) when the worker stops. "auto": as many

@@ -133,6 +133,7 @@ class Worker:
         pool: str | None = None,
         max_tasks_per_child: int | None = None,
         max_memory_per_child: int | None = None,
+        cancel_grace: float | None = None,
     ) -> None:
         s = pgtasks_settings
         self.queues = list(queues) if queues else s.queue_names
@@ -150,7 +151,8 @@ class Worker:
             max_tasks_per_child=(s.MAX_TASKS_PER_CHILD if max_tasks_per_child is None
                                  else max_tasks_per_child),
             max_memory_per_child=(s.MAX_MEMORY_PER_CHILD if max_memory_per_child is None
-                                  else max_memory_per_child))
+                                  else max_memory_per_child),
+            cancel_grace=s.CANCEL_GRACE if cancel_grace is None else cancel_grace)
         problem = check_options(self.pool_options)
         if problem:
             raise ValueError(problem)

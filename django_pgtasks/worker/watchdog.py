@@ -17,12 +17,12 @@ from typing import Any
 from django_pgtasks.conf import pgtasks_settings
 from django_pgtasks.database.sessions import listen_database
 from django_pgtasks.definition.error_text import reason_text
-from django_pgtasks.definition.registry import cancel_signal, get_handler
+from django_pgtasks.definition.registry import cancel_signal, cancel_was_signalled, get_handler
 from django_pgtasks.exceptions import (
     PgTasksError,
     TaskTimeoutError,
 )
-from django_pgtasks.lifecycle.transitions import Failed, Outcome
+from django_pgtasks.lifecycle.transitions import Cancelled, Failed, Outcome
 from django_pgtasks.models import Task
 from django_pgtasks.worker.listener import Listener
 from django_pgtasks.worker.liveness import Liveness
@@ -158,8 +158,10 @@ class Watchdog:
             f"Task exceeded its time limit of {limit:g}s; its thread could not be interrupted "
             f"and was left to finish on its own (its outcome will be ignored)."))
         # Recorded by the loop like any outcome; the late finisher's own outcome is then
-        # refused by the lease guard.
-        self._hand_in(task, Failed(error, self._retry_after(handler, task, None)))
+        # refused by the lease guard. After a cancellation it ends the task, as any failure
+        # after one does.
+        self._hand_in(task, Cancelled(error) if cancel_was_signalled(task)
+                      else Failed(error, self._retry_after(handler, task, None)))
         pool.abandon(task)
         logger.warning("Task id=%s name=%s timed out after %gs; slot freed.", task.pk,
                        task.name, limit)

@@ -151,6 +151,25 @@ def test_any_error_after_the_request_ends_cancelled_without_retry(worker) -> Non
     assert task.error_text.startswith("RuntimeError: cleanup failed while stopping")
 
 
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_time_limit_reached_after_the_request_ends_cancelled_without_retry(
+        worker, pool: str, tmp_path) -> None:
+    gate = tmp_path / "gate"
+    worker(pool=pool, cancel_grace=PATIENCE)  # the time limit comes first
+    task = Task.objects.enqueue(cooperative.runs_on_into_its_time_limit, str(gate))
+    try:
+        wait_until(started(task.pk), what="the handler to start")
+        Task.objects.filter(pk=task.pk).cancel()
+        task = Task.objects.wait(task, timeout=PATIENCE)
+    finally:
+        gate.touch()  # the thread pool's abandoned handler ends
+    assert (task.status, task.attempt, task.max_attempts) == (Status.CANCELLED, 1, 3)
+    assert task.error_text.startswith(
+        "django_pgtasks.exceptions.TaskTimeoutError: Task exceeded its time limit of 4s")
+    assert list(Execution.objects.filter(task_id=task.pk).values_list("worker", flat=True)
+                .order_by("id"))[1:] == ["saw the cancellation"]
+
+
 def test_a_task_asked_to_stop_before_it_started_never_runs() -> None:
     # E.g. cancelled while prefetched, or rescued from a dead worker after the request.
     task = Task.objects.enqueue(cooperative.quick, 1)

@@ -103,6 +103,68 @@ def test_a_cancellation_reaches_the_handler_in_its_child(tmp_path: Path) -> None
                    timeout=30, what="the task to be cancelled")
 
 
+def _ran(task: Task) -> list[str]:
+    return list(Execution.objects.filter(task_id=task.pk).values_list("worker", flat=True))
+
+
+def test_a_handler_that_ignores_its_cancellation_is_stopped_once_the_grace_is_over(
+        tmp_path: Path) -> None:
+    noticed, gate = tmp_path / "noticed", tmp_path / "gate"  # the gate never opens
+    task = Task.objects.enqueue(tasks.runs_on_after_cancel, str(noticed), str(gate))
+    with running_worker(pool="process", concurrency=1, cancel_grace=0.5):
+        wait_until(lambda: _ran(task), what="the handler to start")
+        assert Task.objects.filter(pk=task.pk).cancel().stopping == 1
+        wait_until(noticed.exists, what="the handler to see its cancellation, and run on")
+        wait_until(lambda: Task.objects.get(pk=task.pk).status == Status.CANCELLED,
+                   timeout=30, what="the task to be stopped")
+        task.refresh_from_db()
+        pid = int(_ran(task)[0].split()[0].removeprefix("pid="))
+        assert task.error_text.startswith(
+            f"django_pgtasks.exceptions.TaskCancelled: Task {task.pk} was cancelled while it "
+            f"ran; its handler was still running 0.5s after the request (CANCEL_GRACE), and "
+            f"its child process {pid} was stopped with SIGTERM (killed by SIGTERM).")
+        assert tasks.process_is_gone(pid)  # stopped before the outcome was recorded
+        assert (task.attempt, len(_ran(task))) == (1, 1)
+        # The slot goes on with a new child.
+        after = Task.objects.enqueue(tasks.where_am_i)
+        wait_until(lambda: Task.objects.get(pk=after.pk).status == Status.SUCCESSFUL,
+                   timeout=30, what="the next task to run")
+        assert Task.objects.get(pk=after.pk).result["pid"] != pid
+    task.refresh_from_db()
+    assert (task.status, task.attempt, len(_ran(task))) == (Status.CANCELLED, 1, 1)
+
+
+def test_a_handler_that_ends_within_the_grace_keeps_its_outcome(tmp_path: Path) -> None:
+    noticed, gate = tmp_path / "noticed", tmp_path / "gate"
+    task = Task.objects.enqueue(tasks.runs_on_after_cancel, str(noticed), str(gate))
+    with running_worker(pool="process", concurrency=1, cancel_grace=120):
+        wait_until(lambda: _ran(task), what="the handler to start")
+        Task.objects.filter(pk=task.pk).cancel()
+        wait_until(noticed.exists, what="the handler to see its cancellation")
+        gate.touch()
+        wait_until(lambda: Task.objects.get(pk=task.pk).status == Status.SUCCESSFUL,
+                   timeout=30, what="the handler to finish")
+    task.refresh_from_db()
+    assert (task.attempt, task.cancel_requested, task.error_text) == (1, True, "")
+    assert task.result != os.getpid()  # it ran in a child, to its end
+
+
+def test_an_atomic_handler_stopped_after_its_cancellation_leaves_no_write(
+        tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    task = Task.objects.enqueue(tasks.atomic_hangs, str(started))
+    with running_worker(pool="process", concurrency=1, cancel_grace=0):
+        wait_until(started.exists, what="the handler to write its row and hang")
+        Task.objects.filter(pk=task.pk).cancel()
+        wait_until(lambda: Task.objects.get(pk=task.pk).status == Status.CANCELLED,
+                   timeout=30, what="the task to be stopped")
+    task.refresh_from_db()
+    assert task.error_text.startswith("django_pgtasks.exceptions.TaskCancelled: ")
+    assert "0s after the request (CANCEL_GRACE)" in task.error_text
+    # Its row was rolled back with the killed child's transaction.
+    assert (_ran(task), task.attempt) == ([], 1)
+
+
 def test_signals_and_callbacks_run_in_the_worker() -> None:
     from django_pgtasks.signals import task_finished, task_started
 

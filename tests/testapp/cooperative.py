@@ -60,6 +60,20 @@ def ignores_cancel(ctx: TaskContext) -> str:
     return f"finished anyway (saw the cancellation: {seen})"
 
 
+@pgtask(context=True, timeout=4, max_attempts=3)
+def runs_on_into_its_time_limit(ctx: TaskContext, gate: str) -> str:
+    """Sees the cancellation, then runs on (until the file ``gate`` exists) into its 4 s
+    time limit."""
+    import os
+
+    _log(ctx)
+    if ctx.wait(LONG):
+        _log(ctx, "saw the cancellation")
+    while not os.path.exists(gate):
+        pause(0.01)
+    return "finished"
+
+
 @pgtask(context=True, max_attempts=3)
 def fails_after_cancel(ctx: TaskContext) -> None:
     """Stops with an ordinary error once cancelled."""

@@ -426,3 +426,30 @@ def gc_first_threshold() -> int:
     import gc
 
     return gc.get_threshold()[0]
+
+
+@pgtask(context=True, max_attempts=3)
+def runs_on_after_cancel(ctx: TaskContext, noticed: str, gate: str) -> int:
+    """Records its run, sees its cancellation (then writes the file ``noticed``) and runs on
+    regardless until the file ``gate`` exists; returns its pid."""
+    import os
+
+    record_run(ctx)
+    while not ctx.wait(30):
+        pass
+    open(noticed, "w").close()
+    while not os.path.exists(gate):
+        pause(0.01)
+    return os.getpid()
+
+
+@pgtask(context=True, atomic=True, max_attempts=3)
+def atomic_hangs(ctx: TaskContext, started: str) -> None:
+    """Exactly-once: writes its row, then (the file ``started`` written) hangs in its
+    transaction, heedless of any cancellation."""
+    import os
+
+    Execution.objects.create(task_id=ctx.task_id, worker=f"pid={os.getpid()} ",
+                             attempt=ctx.attempt)
+    open(started, "w").close()
+    pause(3600)

@@ -143,6 +143,7 @@ class Command(BaseCommand):
                                        pgtasks_settings.MAX_TASKS_PER_CHILD),
             max_memory_per_child=_first(options["max_memory_per_child"],
                                         pgtasks_settings.MAX_MEMORY_PER_CHILD),
+            cancel_grace=pgtasks_settings.CANCEL_GRACE,
         )
         problem = check_options(pool)
         if problem:

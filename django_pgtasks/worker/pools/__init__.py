@@ -38,6 +38,10 @@ class PoolOptions:
     #: ``process`` only: replace a child whose resident memory after a task exceeds this
     #: many MiB (``None``: never).
     max_memory_per_child: int | None = None
+    #: ``process`` only: seconds a handler still running after its task's cancellation came
+    #: in has before its child is stopped and the task ends ``CANCELLED`` (``None``: never
+    #: stopped; the cancellation stays cooperative, as on the other pools).
+    cancel_grace: float | None = 10.0
 
 
 class Pool(Protocol):
@@ -77,6 +81,10 @@ def check_options(options: PoolOptions) -> str | None:
         if options.kind != "process":
             return f"{name} applies to the process pool only (this worker's pool is " \
                    f"{options.kind!r})"
+    grace = options.cancel_grace
+    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int | float)
+                              or not 0 <= grace < float("inf")):
+        return f"cancel_grace must be None or a number of seconds of at least 0, not {grace!r}"
     if options.kind == "process":
         from django_pgtasks.worker.pools.forkserver import supported
 

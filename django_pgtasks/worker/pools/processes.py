@@ -9,6 +9,9 @@ handlers. What that buys over the thread pool:
   gets ``SIGTERM``, and ``SIGKILL`` :data:`KILL_GRACE` seconds later if it is still there;
   the attempt ends with ``TaskTimeoutError`` only once the child is gone, so the next attempt
   of that task can never start while the last one still runs;
+- a cancelled task stops even if its handler ignores the request: a child still running it
+  ``cancel_grace`` seconds (``PGTASKS["CANCEL_GRACE"]``) after the worker learnt of the
+  cancellation is stopped the same way, and the task ends ``CANCELLED``;
 - a child that dies (a crash in native code, ``os._exit()``, the out-of-memory killer) takes
   its task with it, never the worker: the run ends as an interruption naming the signal or
   the exit code (within ``MAX_INTERRUPTIONS``), and a new child takes the slot;
@@ -18,8 +21,9 @@ handlers. What that buys over the thread pool:
 Who owns what:
 
 - :class:`ProcessPool` (in the worker) owns the slots: one thread per child, which sends the
-  task to its child, waits for the report until the task's time limit, stops a child that
-  overran it or notices one that died, has the run's outcome recorded through the executor
+  task to its child, waits for the report until the task's time limit (or the cancellation's
+  grace), stops a child that overran it or notices one that died, has the run's outcome
+  recorded through the executor
   (:meth:`~django_pgtasks.worker.executor.Executor.ended_elsewhere`: the loop records it with
   the others, and the callbacks then run in the worker) and replaces a child when its limits
   say so.
@@ -50,16 +54,33 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from enum import Enum
+from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
 from django_pgtasks.definition.error_text import qualified_name, reason_text
-from django_pgtasks.definition.registry import TaskHandler, cancel_signal, get_handler
-from django_pgtasks.exceptions import ChildProcessDied, PgTasksError, TaskTimeoutError
+from django_pgtasks.definition.registry import (
+    TaskHandler,
+    cancel_signal,
+    cancel_was_signalled,
+    get_handler,
+)
+from django_pgtasks.exceptions import (
+    ChildProcessDied,
+    PgTasksError,
+    TaskCancelled,
+    TaskTimeoutError,
+)
 from django_pgtasks.lifecycle.recorder import Recorder
-from django_pgtasks.lifecycle.transitions import Failed, Interrupted, Outcome, Unstarted
+from django_pgtasks.lifecycle.transitions import (
+    Cancelled,
+    Failed,
+    Interrupted,
+    Outcome,
+    Unstarted,
+)
 from django_pgtasks.worker.executor import Executor, RunReport, retry_after
 from django_pgtasks.worker.pools.forkserver import (
     ForkServer,
@@ -83,6 +104,41 @@ KILL_GRACE = 5.0
 EXIT_GRACE = 10.0
 #: Seconds to wait for the fork server's report of a child whose socket closed.
 DEATH_REPORT_WAIT = 5.0
+
+
+class _Stopped(Enum):
+    """Why a slot stopped waiting for its child's report of a run."""
+
+    #: The task's time limit passed.
+    TIME_LIMIT = "time limit"
+    #: The task's cancellation was requested, and its grace passed.
+    CANCELLED = "cancelled"
+
+
+class _Waker:
+    """Wakes a slot's thread while it waits for its child's report (a cancellation came in):
+    one end of a socket pair is waited on beside the child's socket, the other written to."""
+
+    def __init__(self) -> None:
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+
+    def fileno(self) -> int:
+        return self._reader.fileno()
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):  # full: it is awake already
+            self._writer.send(b"!")
+
+    def clear(self) -> None:
+        with contextlib.suppress(OSError):
+            while self._reader.recv(4096):
+                pass
+
+    def close(self) -> None:
+        self._reader.close()
+        self._writer.close()
 
 
 class _Child:
@@ -127,6 +183,7 @@ class ProcessPool(SlotPool):
         self._max_tasks = options.max_tasks_per_child
         self._max_memory = (None if options.max_memory_per_child is None
                             else options.max_memory_per_child * 1024 * 1024)
+        self._cancel_grace = options.cancel_grace
         self._on_crash = on_crash
         self._stop_worker = stop or (lambda code: None)
         #: Set by :meth:`terminate`: the children are being killed, their runs are the
@@ -177,6 +234,7 @@ class ProcessPool(SlotPool):
     def _slot(self) -> None:
         """One slot's thread: keep a child ready, run each task taken in it."""
         child: _Child | None = None
+        waker = _Waker()
         try:
             while True:
                 if child is None and not self._closing.is_set():
@@ -184,7 +242,7 @@ class ProcessPool(SlotPool):
                 run = self._next()
                 if run is None:
                     break
-                child = self._run_in(child, run)
+                child = self._run_in(child, run, waker)
                 rest = self._finished(run)
                 if child is not None and self._worn_out(child):
                     self._retire(child)
@@ -199,6 +257,7 @@ class ProcessPool(SlotPool):
         finally:
             if child is not None and not self._terminating.is_set():
                 self._retire(child)
+            waker.close()
             connections.close_all()  # the slot's own, if it recorded an outcome itself
 
     def _spawn(self) -> _Child | None:
@@ -210,9 +269,10 @@ class ProcessPool(SlotPool):
             return None
         return _Child(pid, channel)
 
-    def _run_in(self, child: _Child | None, run: Run) -> _Child | None:
+    def _run_in(self, child: _Child | None, run: Run, waker: _Waker) -> _Child | None:
         """Run ``run``'s task in ``child`` (or a new child, if it is gone); return the child
-        to use next (``None``: it is gone)."""
+        to use next (``None``: it is gone). ``waker`` wakes the wait for the report when the
+        task's cancellation comes in."""
         task = run.task
         token = start_run(task, self._executor.worker_id)  # the span, in the worker
         if token is not None:
@@ -237,18 +297,30 @@ class ProcessPool(SlotPool):
             return None
         began = time.monotonic()
         deadline = None if run.limit is None else began + run.limit
-        remove = cancel_signal(task).add_callback(
-            lambda: child.send_quietly(("cancel", task.pk)))
+        waker.clear()
+
+        def cancelled() -> None:  # on the thread that learnt of the cancellation
+            child.send_quietly(("cancel", task.pk))
+            waker.wake()
+
+        remove = cancel_signal(task).add_callback(cancelled)
         try:
-            report = self._wait_for_report(child, task, deadline)
+            report = self._wait_for_report(child, task, deadline, waker)
         finally:
             remove()
-        if report is None:  # over its time limit: stopped
+        if isinstance(report, _Stopped):  # over its time limit, or its cancellation's grace
             how = self._stop(child)
+            late = late_report(child)
             self._gone(child, None)
-            if not self._terminating.is_set():
+            if self._terminating.is_set():
+                return None
+            if late is not None:  # it ended on its own as it was being stopped
+                self._ended(task, late[0])
+            elif report is _Stopped.TIME_LIMIT:
                 self._timed_out(task, run.limit or 0.0, time.monotonic() - began, child.pid,
                                 how)
+            else:
+                self._stopped_cancelled(task, time.monotonic() - began, child.pid, how)
             return None
         if isinstance(report, int):  # the child died: its wait status
             self._gone(child, report)
@@ -263,16 +335,28 @@ class ProcessPool(SlotPool):
         self._ended(task, report)
         return child
 
-    def _wait_for_report(self, child: _Child, task: Task,
-                         deadline: float | None) -> tuple[RunReport, int] | int | None:
+    def _wait_for_report(self, child: _Child, task: Task, deadline: float | None,
+                         waker: _Waker) -> tuple[RunReport, int] | int | _Stopped:
         """The child's report of the run (with its resident memory), its wait status if it
-        died, or ``None`` once ``deadline`` passed."""
+        died, or why the wait ended first: ``deadline`` passed, or the cancellation's grace
+        did (:attr:`_cancel_grace` seconds after ``waker`` woke the wait)."""
         handler = _handler_or_none(task.name)
+        cancel_by: float | None = None
         while True:
-            timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ends = [end for end in (deadline, cancel_by) if end is not None]
+            timeout = None if not ends else max(min(ends) - time.monotonic(), 0.0)
             try:
-                if not child.connection.poll(timeout):
-                    return None
+                ready = wait([child.connection, waker], timeout)
+                if not ready:
+                    return (_Stopped.CANCELLED if cancel_by is not None
+                            and (deadline is None or cancel_by <= deadline)
+                            else _Stopped.TIME_LIMIT)
+                if waker in ready:
+                    waker.clear()
+                    if cancel_by is None and self._cancel_grace is not None:
+                        cancel_by = time.monotonic() + self._cancel_grace
+                    if child.connection not in ready:
+                        continue
                 message = child.connection.recv()
             except (EOFError, OSError):
                 return self._exit_status(child)
@@ -328,10 +412,23 @@ class ProcessPool(SlotPool):
                    f"was stopped {how}.")
         logger.warning("Task id=%s name=%s timed out after %gs; child process %s stopped %s.",
                        task.pk, task.name, limit, pid, how)
-        delay = retry_after(handler, task, None) if handler is not None else None
-        self._ended(task, RunReport(outcome=Failed(reason_text(TaskTimeoutError, message),
-                                                   delay),
-                                    duration=duration, error=TaskTimeoutError(message)))
+        error = reason_text(TaskTimeoutError, message)
+        if cancel_was_signalled(task):  # a failure after a cancellation ends the task
+            outcome: Outcome = Cancelled(error)
+        else:
+            outcome = Failed(error, None if handler is None else retry_after(handler, task, None))
+        self._ended(task, RunReport(outcome=outcome, duration=duration,
+                                    error=TaskTimeoutError(message)))
+
+    def _stopped_cancelled(self, task: Task, duration: float, pid: int, how: str) -> None:
+        grace = self._cancel_grace or 0.0
+        message = (f"Task {task.pk} was cancelled while it ran; its handler was still running "
+                   f"{grace:g}s after the request (CANCEL_GRACE), and its child process {pid} "
+                   f"was stopped {how}.")
+        logger.warning("Task id=%s name=%s was cancelled and still ran %gs later; child "
+                       "process %s stopped %s.", task.pk, task.name, grace, pid, how)
+        self._ended(task, RunReport(outcome=Cancelled(reason_text(TaskCancelled, message)),
+                                    duration=duration, error=TaskCancelled(message)))
 
     def _died(self, task: Task, pid: int, status: int, duration: float) -> None:
         message = (f"The child process {pid} running the task {describe_exit(status)} before "
@@ -384,6 +481,17 @@ class ProcessPool(SlotPool):
         logger.critical("The process pool's fork server died: no child process can be "
                         "started any more; the worker stops, to be replaced.")
         self._stop_worker(1)
+
+
+def late_report(child: _Child) -> tuple[RunReport, int] | None:
+    """The report of a run that ended as its ``child`` was being stopped, if the child sent
+    it before it went (an ``atomic=True`` handler's outcome is then recorded already)."""
+    with contextlib.suppress(EOFError, OSError):
+        while child.connection.poll(0):
+            message = child.connection.recv()
+            if message[0] == "ended":
+                return message[1], message[2]
+    return None
 
 
 # -- the child's side ------------------------------------------------------------------------

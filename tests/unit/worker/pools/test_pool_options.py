@@ -81,3 +81,32 @@ def test_the_worker_refuses_a_limit_its_pool_cannot_keep() -> None:
 
     with pytest.raises(ValueError, match="process pool only"):
         Worker(pool="thread", max_tasks_per_child=2)
+
+
+@pytest.mark.parametrize("grace", [-1, True, "10", float("inf"), float("nan")])
+def test_a_cancel_grace_that_is_no_number_of_seconds_is_refused(grace: object) -> None:
+    problem = check_options(PoolOptions(kind="process", cancel_grace=grace))
+    assert problem == ("cancel_grace must be None or a number of seconds of at least 0, "
+                       f"not {grace!r}")
+
+
+@pytest.mark.parametrize("grace", [None, 0, 2.5])
+def test_a_cancel_grace_is_none_or_seconds(grace: float | None) -> None:
+    assert check_options(PoolOptions(kind="process", cancel_grace=grace)) is None
+
+
+@pytest.mark.parametrize(("grace", "refused"), [(-5, True), ("soon", True), (None, False),
+                                                (30, False)])
+def test_the_settings_check_reports_a_bad_cancel_grace(grace: object, refused: bool) -> None:
+    with override_settings(PGTASKS={"CANCEL_GRACE": grace}):
+        ids = [error.id for error in check_settings()]
+    assert ("django_pgtasks.E025" in ids) is refused
+
+
+def test_the_worker_takes_its_cancel_grace_from_the_setting_unless_given() -> None:
+    from django_pgtasks.worker import Worker
+
+    with override_settings(PGTASKS={"CANCEL_GRACE": None}):
+        assert Worker().pool_options.cancel_grace is None
+        assert Worker(cancel_grace=3).pool_options.cancel_grace == 3
+    assert Worker().pool_options.cancel_grace == 10.0
