@@ -93,9 +93,11 @@ PGTASKS = {
     "POLL_INTERVAL": 0.1,
     "ERROR_PAUSE": 0.1,
     "BACKOFF_BASE": 0.0,
-    # Fast liveness for tests: a killed worker's tasks come back within about 2 seconds.
+    # Fast liveness for tests: a killed worker's tasks come back within about 2 seconds. The
+    # tests that terminate live workers' sessions give their workers a longer grace
+    # (PGTASKS_TEST_RESCUE_GRACE, set by tests/chaos/conftest.py).
     "HEARTBEAT_INTERVAL": 0.25,
-    "RESCUE_GRACE": 1.0,
+    "RESCUE_GRACE": float(os.environ.get("PGTASKS_TEST_RESCUE_GRACE", "1.0")),
     "RESCUE_INTERVAL": 0.25,
     # One worker process per run_pgtasks unless a test asks for more (--processes, or
     # PGTASKS_TEST_PROCESSES): what the tests signal, kill and count is that process.

@@ -142,6 +142,9 @@ PGTASKS = {
     # Process pool only: replace a child after this many tasks, or above this many MiB.
     "MAX_TASKS_PER_CHILD": None,
     "MAX_MEMORY_PER_CHILD": None,
+    # Process pool only: seconds a cancelled task's handler has to stop before its child
+    # process is stopped and the task ends CANCELLED (None: never).
+    "CANCEL_GRACE": 10.0,
     # Tasks claimed beyond the free threads: "auto" keeps about PREFETCH_HORIZON seconds of
     # work at hand for short tasks and none for long ones; a number fixes it (0 = none).
     "PREFETCH": "auto",

@@ -51,7 +51,8 @@ from tests.helpers import (
 from tests.testapp import durable, lifecycle, tasks
 from tests.testapp.models import Execution
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow,
+              pytest.mark.usefixtures("sessions_terminated")]
 
 N_TASKS = 5_000
 #: Tasks of the one-attempt modes.

@@ -18,7 +18,8 @@ from tests.helpers import Output, terminate_worker_backends, wait_until
 from tests.proxy import FlakyProxy
 from tests.testapp import tasks
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow,
+              pytest.mark.usefixtures("sessions_terminated")]
 
 
 def worker_backends() -> int:
