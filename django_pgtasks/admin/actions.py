@@ -86,8 +86,10 @@ class TaskActionsMixin:
                     "tasks they depend on) are cancelled and will not run; the tasks that "
                     "depend on them see a parent that did not succeed. Running tasks are "
                     "asked to stop: their handler sees the request and the task ends "
-                    "cancelled when it stops (a handler that "
-                    "finishes its work anyway ends successful). Finished tasks are skipped."
+                    "cancelled when it stops (a handler that finishes its work anyway ends "
+                    "successful; on a process-pool worker, one still running CANCEL_GRACE "
+                    "seconds later is stopped, and its task ends cancelled). Finished tasks "
+                    "are skipped."
                 ),
             )
         before = status_counts(queryset)

@@ -329,6 +329,9 @@ def test_choosing_an_action_changes_nothing_until_confirmed(admin_client: Client
     )
     assert response.status_code == 200
     assert response.templates[0].name == TaskAdmin.action_confirmation_template
+    # It says what becomes of running tasks, on every pool.
+    assert "finishes its work anyway ends successful; on a process-pool worker, one still " \
+           "running CANCEL_GRACE seconds later is stopped" in response.content.decode()
     assert statuses(task) == ["READY"]
 
 
