@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
 from datetime import timedelta
@@ -30,6 +31,13 @@ _MODULE_PREFIX_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
 def _error(msg: str, id: str, hint: str | None = None) -> Error:
     return Error(msg, hint=hint, obj="PGTASKS", id=f"django_pgtasks.{id}")
+
+
+def _seconds(value: Any) -> bool:
+    """Whether ``value`` is a number of seconds a setting can hold: a finite number, 0 or
+    more (not a bool, ``nan`` or ``inf``)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
 
 
 @register(Tags.database, Tags.compatibility)
@@ -272,8 +280,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
                 "WORKER_TIMEOUT", "RESCUE_INTERVAL", "CONTROLS_REFRESH")
     for key in non_negative + positive:
         value = getattr(pgtasks_settings, key)
-        if (not isinstance(value, int | float) or isinstance(value, bool) or value < 0
-                or (key in positive and value == 0)):
+        if not _seconds(value) or (key in positive and value == 0):
             kind = "a positive" if key in positive else "a non-negative"
             errors.append(_error(f"PGTASKS[{key!r}] must be {kind} number of seconds.", "E010"))
     processes = pgtasks_settings.PROCESSES
@@ -336,15 +343,13 @@ def check_retention(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     for key in ("RETENTION", "FAILED_RETENTION", "ARCHIVE_RETENTION", "EVENT_RETENTION"):
         value = getattr(s, key)
         seconds = value.total_seconds() if isinstance(value, timedelta) else value
-        if value is not None and (not isinstance(seconds, int | float)
-                                  or isinstance(seconds, bool) or seconds < 0):
+        if value is not None and not _seconds(seconds):
             errors.append(_error(
                 f"PGTASKS[{key!r}] must be a non-negative number of seconds, a timedelta, or "
                 f"None (keep forever).", "E020",
             ))
     interval = s.PURGE_INTERVAL
-    if interval is not None and (not isinstance(interval, int | float)
-                                 or isinstance(interval, bool) or interval < 0):
+    if interval is not None and not _seconds(interval):
         errors.append(_error(
             "PGTASKS['PURGE_INTERVAL'] must be a non-negative number of seconds, or 0 or None "
             "to turn the automatic purge off.", "E010",
@@ -383,7 +388,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warn
 
     errors: list[Error | Warning] = []
     interval = pgtasks_settings.SCHEDULER_INTERVAL
-    if not isinstance(interval, int | float) or isinstance(interval, bool) or interval < 0:
+    if not _seconds(interval):
         errors.append(_error(
             "PGTASKS['SCHEDULER_INTERVAL'] must be a non-negative number of seconds "
             "(0 turns the scheduler off).", "E010",

@@ -551,6 +551,8 @@ def test_archiving_an_id_already_in_the_archive_replaces_the_old_copy(settings) 
         ({"FAILED_RETENTION": "30 days"}, "django_pgtasks.E020"),
         ({"ARCHIVE_RETENTION": timedelta(days=-1)}, "django_pgtasks.E020"),
         ({"PURGE_INTERVAL": -5}, "django_pgtasks.E010"),
+        ({"PURGE_INTERVAL": float("nan")}, "django_pgtasks.E010"),
+        ({"RETENTION": float("inf")}, "django_pgtasks.E020"),
         ({"PURGE_BATCH": 0}, "django_pgtasks.E009"),
         ({"PURGE_BATCH": 10.5}, "django_pgtasks.E009"),
         ({"ARCHIVE": "yes"}, "django_pgtasks.E012"),

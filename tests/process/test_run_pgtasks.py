@@ -33,6 +33,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
         (["--poll-interval", "0"], "--poll-interval must be greater than 0"),
         (["--poll-interval", "soon"], "'soon' is not a number"),
         (["--shutdown-grace", "-1"], "must not be negative"),
+        (["--shutdown-grace", "nan"], "'nan' is not a finite number of seconds"),
+        (["--poll-interval", "inf"], "'inf' is not a finite number of seconds"),
+        (["--cancel-grace", "-0.5"], "must not be negative"),
+        (["--cancel-grace", "5"], "--cancel-grace applies to the process pool only (this "
+                                  "worker's pool is 'thread')"),
         (["--database", "missing"], "--database 'missing' is not an alias"),
         (["--log-level", "LOUD"], "invalid choice: 'LOUD'"),
         (["--concurrency", "many"], "invalid int value: 'many'"),

@@ -107,6 +107,8 @@ def test_manage_py_check_fails_on_misconfiguration(settings: Any) -> None:
         ({"CONTROLS_REFRESH": 0}, "E010"),
         ({"PREFETCH_HORIZON": -0.1}, "E010"),
         ({"BACKOFF_JITTER": "0.25"}, "E010"),
+        ({"SHUTDOWN_GRACE": float("nan")}, "E010"),
+        ({"POLL_INTERVAL": float("inf")}, "E010"),
         ({"LIVENESS": "ping"}, "E011"),
         ({"LISTEN": "yes"}, "E012"),
         ({"AUTODISCOVER": 1}, "E012"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from typing import Any
 
 from django.conf import settings
@@ -34,6 +35,8 @@ def _positive_number(value: str) -> float:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number of seconds")
     if number < 0:
         raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
     return number
@@ -66,6 +69,12 @@ class Command(BaseCommand):
             "--max-memory-per-child", type=_at_least_one, default=None, metavar="MB",
             help="--pool process: replace a child whose resident memory after a task is "
                  "above MB MiB (default: PGTASKS['MAX_MEMORY_PER_CHILD'], never).",
+        )
+        parser.add_argument(
+            "--cancel-grace", type=_positive_number, default=None, metavar="SECONDS",
+            help=f"--pool process: seconds a cancelled task's handler has to stop before its "
+                 f"child process is stopped (default: PGTASKS['CANCEL_GRACE'], "
+                 f"{s.CANCEL_GRACE}).",
         )
         parser.add_argument(
             "--prefetch", type=_prefetch, default=None,
@@ -143,11 +152,14 @@ class Command(BaseCommand):
                                        pgtasks_settings.MAX_TASKS_PER_CHILD),
             max_memory_per_child=_first(options["max_memory_per_child"],
                                         pgtasks_settings.MAX_MEMORY_PER_CHILD),
-            cancel_grace=pgtasks_settings.CANCEL_GRACE,
+            cancel_grace=_first(options["cancel_grace"], pgtasks_settings.CANCEL_GRACE),
         )
         problem = check_options(pool)
         if problem:
             raise CommandError(f"--pool: {problem}.")
+        if options["cancel_grace"] is not None and pool.kind != "process":
+            raise CommandError(f"--cancel-grace applies to the process pool only (this "
+                               f"worker's pool is {pool.kind!r}).")
         queues = None
         if options["queues"]:
             queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
@@ -170,6 +182,7 @@ class Command(BaseCommand):
             "pool": pool.kind,
             "max_tasks_per_child": pool.max_tasks_per_child,
             "max_memory_per_child": pool.max_memory_per_child,
+            "cancel_grace": options["cancel_grace"],
         }
 
 

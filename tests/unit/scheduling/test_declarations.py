@@ -93,6 +93,7 @@ def test_valid_schedules_pass_the_checks(pgtasks) -> None:
     ({"SCHEDULE": {"x": {"task": TICK, "schedule": 0.5}}}, ["W030"]),
     ({"MISSED_RUNS": "twice"}, ["E033"]),
     ({"SCHEDULER_INTERVAL": -1}, ["E010"]),
+    ({"SCHEDULER_INTERVAL": float("inf")}, ["E010"]),
 ])
 def test_invalid_schedule_settings_are_reported(pgtasks, options: dict, expected: list) -> None:
     pgtasks(**options)

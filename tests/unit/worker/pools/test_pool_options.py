@@ -103,6 +103,17 @@ def test_the_settings_check_reports_a_bad_cancel_grace(grace: object, refused: b
     assert ("django_pgtasks.E025" in ids) is refused
 
 
+def test_the_command_hands_its_cancel_grace_to_the_process_pool_worker() -> None:
+    from django_pgtasks.management.commands.run_pgtasks import Command
+
+    command = Command()
+    options = vars(command.create_parser("manage.py", "run_pgtasks").parse_args(
+        ["--pool", "process", "--cancel-grace", "2.5"]))
+    assert command._worker_options(options)["cancel_grace"] == 2.5
+    options = vars(command.create_parser("manage.py", "run_pgtasks").parse_args([]))
+    assert command._worker_options(options)["cancel_grace"] is None  # the setting's
+
+
 def test_the_worker_takes_its_cancel_grace_from_the_setting_unless_given() -> None:
     from django_pgtasks.worker import Worker
 
