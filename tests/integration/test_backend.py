@@ -236,6 +236,23 @@ def test_results_of_another_alias_are_not_found() -> None:
         default_backend.get_result(result.id)
 
 
+def test_a_running_task_that_ignores_its_cancellation_is_stopped_on_the_process_pool(
+        tmp_path: Path) -> None:
+    from tests.helpers import running_worker, wait_until
+
+    started, gate = tmp_path / "started", tmp_path / "gate"  # the gate never opens
+    result = dj_tasks.hangs_until.enqueue(str(started), str(gate))
+    with running_worker(pool="process", concurrency=1, cancel_grace=0.2):
+        wait_until(started.exists, what="the task to start")
+        assert Row.objects.filter(pk=result.id).cancel().stopping == 1
+        wait_until(lambda: Row.objects.get(pk=result.id).status == Status.CANCELLED,
+                   timeout=30, what="the task to be stopped")
+    got = default_backend.get_result(result.id)
+    assert (got.status, got.is_finished) == (TaskResultStatus.FAILED, True)
+    assert "its handler was still running 0.2s after the request (CANCEL_GRACE)" in \
+        Row.objects.get(pk=result.id).error_text
+
+
 def test_statuses_map_onto_djangos() -> None:
     ready = dj_tasks.add.enqueue(1, 1)
     running = dj_tasks.add.enqueue(1, 1)

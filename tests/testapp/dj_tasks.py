@@ -215,3 +215,17 @@ def durable_through_djangos_context(context, key: str) -> Any:
     context.sleep(3600)
     return {"record": first, "payload": context.wait_for_event(key),
             "result_id": context.task_result.id}
+
+
+@task
+def hangs_until(started: str, gate: str) -> str:
+    """Writes the file ``started``, then waits (heedless of any cancellation) until the file
+    ``gate`` exists."""
+    import os
+
+    from .workload import pause
+
+    open(started, "w").close()
+    while not os.path.exists(gate):
+        pause(0.01)
+    return "finished"
