@@ -64,8 +64,8 @@ def run(name: str, args: list, n: int, concurrency: int) -> float:
 def worker(concurrency: int) -> Iterator[None]:
     """A worker (``run_pgtasks``) running meanwhile."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "django", "run_pgtasks", "--concurrency", str(concurrency),
-         "--log-level", "WARNING", "--settings", PGTASKS_SETTINGS],
+        [sys.executable, "-m", "django", "run_pgtasks", "--processes", "1", "--concurrency",
+         str(concurrency), "--log-level", "WARNING", "--settings", PGTASKS_SETTINGS],
         env=child_env(pools.DATABASE), cwd=ROOT)
     try:
         yield

@@ -3,7 +3,8 @@
 For each pool and each kind of task (a no-op, and a 10 ms sleep; as ``async def`` handlers
 on the async pool, which runs them as coroutines, plain functions elsewhere), N tasks are
 inserted at
-once and drained by ``run_pgtasks --burst --pool <pool> --concurrency C``; the drain's span is
+once and drained by one worker process, ``run_pgtasks --burst --processes 1 --pool <pool>
+--concurrency C`` (``PROCESSES`` "auto" would start one per CPU); the drain's span is
 taken from the database (the first task's start to the last one's finish). The time a slot
 spends per task is ``span * C / N``; the overhead per task is that minus what the handler
 itself takes (0 or 10 ms). The CPU per task is that of the worker and all its processes
@@ -56,8 +57,8 @@ def drain(pool: str, name: str, args: str, n: int, concurrency: int) -> dict[str
             "max_attempts, error_text, metadata) SELECT %s, 'default', %s::jsonb, '{}', 100, "
             "'READY', 0, 3, '', '{}' FROM generate_series(1, %s)", [name, args, n])
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        django("run_pgtasks", "--burst", "--pool", pool, "--concurrency", str(concurrency),
-               "--log-level", "WARNING")
+        django("run_pgtasks", "--burst", "--processes", "1", "--pool", pool,
+               "--concurrency", str(concurrency), "--log-level", "WARNING")
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         done, span = conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'SUCCESSFUL'), "

@@ -107,7 +107,7 @@ def drains(args, seconds: float) -> list[Drain]:
     c = args.concurrency
     pgtasks = SleepingPgTasks(DATABASE, seconds)
     base = [sys.executable, "-m", "django", "run_pgtasks", "--settings", PGTASKS_SETTINGS,
-            "--log-level", "WARNING", "--concurrency", str(c)]
+            "--log-level", "WARNING", "--processes", "1", "--concurrency", str(c)]
     plan = [Drain(f"django-pgtasks --pool async, {c} coroutines", pgtasks,
                   [*base, "--pool", "async"]),
             Drain(f"django-pgtasks --pool thread, {c} threads", pgtasks,

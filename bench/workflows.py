@@ -60,7 +60,7 @@ def setup_django() -> None:
 def start_worker() -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "django", "run_pgtasks", "--settings", PGTASKS_SETTINGS,
-         "--log-level", "WARNING"], cwd=ROOT, env=child_env(DATABASE),
+         "--processes", "1", "--log-level", "WARNING"], cwd=ROOT, env=child_env(DATABASE),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
