@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import re
 import sys
 from datetime import timedelta
@@ -13,7 +12,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from django_pgtasks.conf import DEFAULTS, pgtasks_settings
+from django_pgtasks.conf import DEFAULTS, is_seconds, pgtasks_settings
 from django_pgtasks.database.connection_budget import (
     SERVER_LIMITS_SQL,
     advice,
@@ -31,13 +30,6 @@ _MODULE_PREFIX_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
 def _error(msg: str, id: str, hint: str | None = None) -> Error:
     return Error(msg, hint=hint, obj="PGTASKS", id=f"django_pgtasks.{id}")
-
-
-def _seconds(value: Any) -> bool:
-    """Whether ``value`` is a number of seconds a setting can hold: a finite number, 0 or
-    more (not a bool, ``nan`` or ``inf``)."""
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value) and value >= 0)
 
 
 @register(Tags.database, Tags.compatibility)
@@ -280,7 +272,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
                 "WORKER_TIMEOUT", "RESCUE_INTERVAL", "CONTROLS_REFRESH")
     for key in non_negative + positive:
         value = getattr(pgtasks_settings, key)
-        if not _seconds(value) or (key in positive and value == 0):
+        if not is_seconds(value) or (key in positive and value == 0):
             kind = "a positive" if key in positive else "a non-negative"
             errors.append(_error(f"PGTASKS[{key!r}] must be {kind} number of seconds.", "E010"))
     processes = pgtasks_settings.PROCESSES
@@ -343,13 +335,13 @@ def check_retention(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     for key in ("RETENTION", "FAILED_RETENTION", "ARCHIVE_RETENTION", "EVENT_RETENTION"):
         value = getattr(s, key)
         seconds = value.total_seconds() if isinstance(value, timedelta) else value
-        if value is not None and not _seconds(seconds):
+        if value is not None and not is_seconds(seconds):
             errors.append(_error(
                 f"PGTASKS[{key!r}] must be a non-negative number of seconds, a timedelta, or "
                 f"None (keep forever).", "E020",
             ))
     interval = s.PURGE_INTERVAL
-    if interval is not None and not _seconds(interval):
+    if interval is not None and not is_seconds(interval):
         errors.append(_error(
             "PGTASKS['PURGE_INTERVAL'] must be a non-negative number of seconds, or 0 or None "
             "to turn the automatic purge off.", "E010",
@@ -388,7 +380,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warn
 
     errors: list[Error | Warning] = []
     interval = pgtasks_settings.SCHEDULER_INTERVAL
-    if not _seconds(interval):
+    if not is_seconds(interval):
         errors.append(_error(
             "PGTASKS['SCHEDULER_INTERVAL'] must be a non-negative number of seconds "
             "(0 turns the scheduler off).", "E010",

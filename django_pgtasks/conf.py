@@ -7,6 +7,7 @@ Every key has a default, listed in :data:`DEFAULTS` and documented in
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -218,6 +219,13 @@ class PgTasksSettings:
 
 
 pgtasks_settings = PgTasksSettings()
+
+
+def is_seconds(value: Any) -> bool:
+    """Whether ``value`` is a number of seconds a setting (or an option of the same
+    meaning) can hold: a finite number, 0 or more (not a bool, ``nan`` or ``inf``)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
 
 
 def _reload(*, setting: str, **kwargs: Any) -> None:

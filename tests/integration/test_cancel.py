@@ -3,7 +3,8 @@
 Running tasks learn of their cancellation through NOTIFY (the worker's listener) or, when
 that is off or lost, with the worker's next heartbeat. Every handler here waits for the
 cancellation without a time limit of its own (ten minutes), so a test only ends if the
-request really reached it.
+request really reached it; the one with a time limit (4 s) logs that it saw the request,
+and its test checks that log.
 """
 
 from __future__ import annotations

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_pgtasks.conf import pgtasks_settings
+from django_pgtasks.conf import is_seconds, pgtasks_settings
 from django_pgtasks.exceptions import NotMigratedError
 from django_pgtasks.worker import startup
 from django_pgtasks.worker.pools import POOL_KINDS, PoolOptions, check_options
@@ -35,10 +34,10 @@ def _positive_number(value: str) -> float:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not math.isfinite(number):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number of seconds")
     if number < 0:
         raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
+    if not is_seconds(number):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number of seconds")
     return number
 
 

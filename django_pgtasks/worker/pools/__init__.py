@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from django_pgtasks.conf import is_seconds
+
 if TYPE_CHECKING:
     from django_pgtasks.models import Task
     from django_pgtasks.worker.executor import Executor
@@ -82,8 +84,7 @@ def check_options(options: PoolOptions) -> str | None:
             return f"{name} applies to the process pool only (this worker's pool is " \
                    f"{options.kind!r})"
     grace = options.cancel_grace
-    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int | float)
-                              or not 0 <= grace < float("inf")):
+    if grace is not None and not is_seconds(grace):
         return f"cancel_grace must be None or a number of seconds of at least 0, not {grace!r}"
     if options.kind == "process":
         from django_pgtasks.worker.pools.forkserver import supported

@@ -297,7 +297,6 @@ class ProcessPool(SlotPool):
             return None
         began = time.monotonic()
         deadline = None if run.limit is None else began + run.limit
-        waker.clear()
 
         def cancelled() -> None:  # on the thread that learnt of the cancellation
             child.send_quietly(("cancel", task.pk))
@@ -339,7 +338,11 @@ class ProcessPool(SlotPool):
                          waker: _Waker) -> tuple[RunReport, int] | int | _Stopped:
         """The child's report of the run (with its resident memory), its wait status if it
         died, or why the wait ended first: ``deadline`` passed, or the cancellation's grace
-        did (:attr:`_cancel_grace` seconds after ``waker`` woke the wait)."""
+        did (:attr:`_cancel_grace` seconds after ``waker`` woke the wait).
+
+        The grace starts only once ``task``'s own cancellation signal is set: a wake-up left
+        over from the slot's last run (its signal's callbacks run outside the signal's lock,
+        so one can come after the run ended) only wakes the wait."""
         handler = _handler_or_none(task.name)
         cancel_by: float | None = None
         while True:
@@ -353,7 +356,8 @@ class ProcessPool(SlotPool):
                             else _Stopped.TIME_LIMIT)
                 if waker in ready:
                     waker.clear()
-                    if cancel_by is None and self._cancel_grace is not None:
+                    if (cancel_by is None and self._cancel_grace is not None
+                            and cancel_was_signalled(task)):
                         cancel_by = time.monotonic() + self._cancel_grace
                     if child.connection not in ready:
                         continue
