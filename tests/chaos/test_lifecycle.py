@@ -21,7 +21,7 @@ from django_pgtasks.lifecycle.transitions import Failed, Interrupted, Succeeded
 from django_pgtasks.models import Status, Task
 from django_pgtasks.signals import task_started
 from django_pgtasks.worker.loop import Worker
-from tests.helpers import run_workers, wait_until
+from tests.helpers import run_workers, running_worker, wait_until
 from tests.testapp import lifecycle, tasks
 from tests.testapp.models import Execution
 
@@ -208,6 +208,28 @@ def test_an_outcome_that_stays_unrecordable_is_reported_and_the_task_given_back(
         cursor.execute("DROP TRIGGER pgtasks_test_refuse ON pgtasks_task")
     assert Task.objects.unclaim([claimed]) == 1
     assert Task.objects.get(pk=task.pk).status == Status.READY
+
+
+def test_a_cancelled_run_stopped_past_its_grace_whose_end_is_refused_is_not_left_running(
+        refuse_status, tmp_path) -> None:
+    """The process pool's new way for a run to end (its child stopped past CANCEL_GRACE)
+    goes through the same recording as every outcome: refused by the database, the task
+    does not stay RUNNING under the live worker."""
+    refuse_status(Status.CANCELLED, names=(tasks.runs_on_after_cancel.name,))
+    noticed, gate = tmp_path / "noticed", tmp_path / "gate"  # the gate never opens
+    task = Task.objects.enqueue(tasks.runs_on_after_cancel, str(noticed), str(gate))
+    with running_worker(pool="process", concurrency=1, cancel_grace=0):
+        wait_until(lambda: Execution.objects.filter(task_id=task.pk).exists(),
+                   what="the handler to start")
+        Task.objects.filter(pk=task.pk).cancel()
+        wait_until(lambda: Task.objects.get(pk=task.pk).status != Status.RUNNING,
+                   timeout=30, what="the stopped run to be recorded")
+    task.refresh_from_db()
+    # Refused as an end state, the outcome ends the task FAILED, as any unstorable one does.
+    assert (task.status, task.attempt) == (Status.FAILED, 1)
+    assert task.error_text.startswith("django_pgtasks.exceptions.UnstorableResultError: The "
+                                      "task's outcome could not be stored")
+    assert "refused by the test" in task.error_text
 
 
 def test_an_internal_error_in_the_worker_fails_the_task_instead_of_leaving_it_running() -> None:
