@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -318,3 +319,75 @@ def test_every_statement_of_a_release_batch_reads_through_an_index() -> None:
     text = "\n".join(plans)
     assert "pgtasks_dependency" in text  # the plans were seen
     assert large_seq_scans(text) == [], text
+
+
+#: A plan node's line, with what EXPLAIN ANALYZE counted (``rows`` and ``Rows Removed`` are
+#: per loop).
+NODE = re.compile(r"\(actual time=[\d.]+\.\.[\d.]+ rows=(\d+) loops=(\d+)\)")
+REMOVED = re.compile(r"Rows Removed by (?:Filter|Join Filter|Index Recheck): (\d+)")
+
+
+def rows_touched(plans: list[str]) -> int:
+    """The most rows one plan node of ``plans`` (auto_explain's, with ``log_analyze``)
+    returned or filtered out over all its loops."""
+    most = loops = 0
+    for plan in plans:
+        for line in plan.splitlines():
+            if node := NODE.search(line):
+                loops = int(node[2])
+                most = max(most, int(node[1]) * loops)
+            elif removed := REMOVED.search(line):
+                most = max(most, int(removed[1]) * loops)
+    return most
+
+
+@pytest.mark.slow
+def test_a_release_batch_touches_rows_per_batch_under_statistics_that_expect_no_waiting() -> None:
+    """Statistics taken while no task waited and every edge was resolved (a project whose
+    workflows have all ended: what autovacuum last saw) promise the planner no WAITING task
+    and no open edge. A batch of a large fan-out, and of a failed parent's children that end
+    CANCELLED, still reads rows in proportion to the batch, not to the fan-out."""
+    def fan_out(n: int) -> Task:
+        parent = tasks.noop.build()
+        Task.objects.enqueue_linked([parent, *(tasks.noop.build() for _ in range(n))],
+                                    [[], *([[parent]] * n)])
+        return parent
+
+    # The state the statistics see: a workflow that ended, tasks ready, none waiting.
+    chain(tasks.noop.build(), tasks.noop.build()).enqueue()
+    drain()
+    Task.objects.enqueue_many(tasks.noop.build() for _ in range(50))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgtasks_dependency; ANALYZE pgtasks_workflow_member; "
+                       "ANALYZE pgtasks_task; ANALYZE pgtasks_pending_release")
+    children = 5_000
+    succeeded, failed = fan_out(children), fan_out(children)
+    Task.objects.filter(pk=succeeded.pk).update(status=Status.SUCCESSFUL)
+    Task.objects.filter(pk=failed.pk).update(status=Status.FAILED)
+
+    plans: list[str] = []
+    connection.connection.add_notice_handler(lambda notice: plans.append(notice.message_primary))
+    touched = {}
+    with connection.cursor() as cursor:
+        cursor.execute("LOAD 'auto_explain'")
+        cursor.execute("SET auto_explain.log_min_duration = 0; "
+                       "SET auto_explain.log_analyze = on; "
+                       "SET auto_explain.log_nested_statements = on; "
+                       "SET client_min_messages = log")
+        try:
+            for parent, batch in ((succeeded, 1000), (failed, 200)):
+                plans.clear()
+                cursor.execute("SELECT pgtasks_release(ARRAY[%s]::bigint[], %s)",
+                               [parent.pk, batch])
+                assert cursor.fetchone()[0] == batch
+                touched[parent.pk] = rows_touched(plans)
+        finally:
+            cursor.execute("RESET client_min_messages; "
+                           "SET auto_explain.log_min_duration = -1")
+    # A scan of every open edge or waiting child would count about 5,000 rows.
+    assert touched[succeeded.pk] <= 2 * 1000, plans
+    assert touched[failed.pk] <= 2 * 200, plans
+    assert Task.objects.filter(status=Status.READY, pk__gt=failed.pk).count() == 0
+    assert Task.objects.filter(status=Status.CANCELLED).count() == 200
+    assert Task.objects.filter(status=Status.READY, pk__gt=succeeded.pk,
+                               pk__lt=failed.pk).count() == 1000
