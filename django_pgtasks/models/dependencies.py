@@ -22,7 +22,8 @@ constraint trigger on the member row of a child with such parents (``outside_par
 parents enqueued in the same transaction cannot end before it commits) runs at the enqueuing
 transaction's commit. It locks
 the parents still counted (in id order), flags them ``has_dependents``, and counts off those
-that ended meanwhile. A worker ending one of those parents either ended it before (seen here,
+that ended meanwhile; a parent found pending is locked once per transaction, not once per
+child. A worker ending one of those parents either ended it before (seen here,
 under the lock) or waits for this commit, microseconds away, and its mark then finds the
 committed edges (a release reads them with a fresh snapshot). The web request that enqueues
 is never waited for during its transaction, only at its commit.

@@ -213,6 +213,59 @@ def _an_outcome_waits_for_a_lock() -> bool:
         return cursor.fetchone()[0] == 1
 
 
+def _commit_check_locks(children: list, parents: list) -> int:
+    """Enqueue ``children[i]`` waiting for ``parents[i]`` in one transaction; return how many
+    times its commit-time check locked parents (auto_explain's plans of its statements)."""
+    plans: list[str] = []
+    connection.ensure_connection()
+    connection.connection.add_notice_handler(lambda notice: plans.append(notice.message_primary))
+    with connection.cursor() as cursor:
+        cursor.execute("LOAD 'auto_explain'")
+        cursor.execute("SET auto_explain.log_min_duration = 0; "
+                       "SET auto_explain.log_nested_statements = on")
+        try:
+            with transaction.atomic():
+                Task.objects.enqueue_linked(children, parents)
+                cursor.execute("SET client_min_messages = log")
+                cursor.execute("SET CONSTRAINTS pgtasks_member_committing IMMEDIATE")
+                cursor.execute("RESET client_min_messages")
+        finally:
+            cursor.execute("SET auto_explain.log_min_duration = -1")
+    return sum("FOR NO KEY UPDATE OF t" in plan for plan in plans)
+
+
+def test_the_commit_check_of_a_fan_out_from_an_earlier_task_locks_it_once() -> None:
+    """1,000 children of a task enqueued before: the check at their commit locks the parent
+    (and opens a subtransaction) once, not once per child; each child still waits for it."""
+    parent = Task.objects.enqueue(tasks.wf_add, 1)
+    children = [tasks.wf_add.build(i) for i in range(1000)]
+    assert _commit_check_locks(children, [[parent]] * 1000) == 1
+    assert Task.objects.get(pk=parent.pk).has_dependents
+    assert set(WorkflowMember.objects.filter(task_id__in=[c.pk for c in children])
+               .values_list("remaining", flat=True)) == {1}
+    Task.objects.filter(pk=parent.pk).update(status=Status.SUCCESSFUL)
+    release_all("default")
+    assert Task.objects.filter(pk__in=[c.pk for c in children],
+                               status=Status.READY).count() == 1000
+
+
+def test_the_commit_check_still_counts_off_a_parent_that_ended_beside_a_remembered_one() -> None:
+    """After children of a pending parent, a child of that parent *and* of one that has
+    ended is checked in full: the ended parent is counted off, the pending one still counted;
+    so is a child of the ended parent alone."""
+    pending = Task.objects.enqueue(tasks.wf_add, 1)
+    ended = Task.objects.enqueue(tasks.wf_add, 2)
+    Task.objects.filter(pk=ended.pk).update(status=Status.SUCCESSFUL)
+    children = [tasks.wf_add.build(i) for i in range(3)]
+    locks = _commit_check_locks(children, [[pending], [pending, ended], [ended]])
+    assert locks == 3  # the first child, then each child with the parent that ended
+    remaining = dict(WorkflowMember.objects.filter(task_id__in=[c.pk for c in children])
+                     .values_list("task_id", "remaining"))
+    assert [remaining[c.pk] for c in children] == [1, 1, 0]
+    assert [Task.objects.get(pk=c.pk).status for c in children] == [
+        Status.WAITING, Status.WAITING, Status.READY]
+
+
 def test_a_deleted_parent_counts_as_not_succeeded() -> None:
     parent = Task.objects.enqueue(tasks.wf_add, 1)
     child = Task.objects.enqueue(tasks.wf_add, 2, depends_on=[parent])
