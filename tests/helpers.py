@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from django_pgtasks.models import PENDING, Status, Task, WorkerProcess
 from django_pgtasks.worker.loop import Worker
@@ -47,6 +47,33 @@ def large_seq_scans(plan: str | list, using: str = "default") -> list[str]:
         cursor.execute("SELECT relname FROM pg_class WHERE relname = ANY (%s) "
                        "AND reltuples > %s", [names, LARGE_TABLE_ROWS])
         return [row[0] for row in cursor.fetchall()]
+
+
+@contextmanager
+def nested_plans(analyze: bool = False) -> Iterator[list[str]]:
+    """The plans (auto_explain's) of the statements run inside, those that the database's
+    functions and triggers run included; with EXPLAIN ANALYZE's counts if ``analyze``. Runs
+    in a transaction (or a savepoint) of its own: the settings are SET LOCAL. Needs a
+    superuser, as the suite's server has."""
+    plans: list[str] = []
+
+    def handler(diagnostic: Any) -> None:
+        if "plan:" in (diagnostic.message_primary or ""):
+            plans.append(diagnostic.message_primary)
+
+    with transaction.atomic():
+        connection.ensure_connection()
+        connection.connection.add_notice_handler(handler)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("LOAD 'auto_explain'")
+                cursor.execute("SET LOCAL auto_explain.log_min_duration = 0; "
+                               "SET LOCAL auto_explain.log_nested_statements = on; "
+                               "SET LOCAL auto_explain.log_level = 'notice'; "
+                               f"SET LOCAL auto_explain.log_analyze = {'on' if analyze else 'off'}")
+            yield plans
+        finally:
+            connection.connection.remove_notice_handler(handler)
 
 
 def assert_reads_only_the_window(plan: str, since: datetime, now: datetime) -> None:

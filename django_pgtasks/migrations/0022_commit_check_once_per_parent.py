@@ -8,8 +8,9 @@ statistics that expect no open edge (the partial index of open edges scanned for
 child); 20,000 children meant 20,000 subtransactions. A parent found pending is now
 remembered for the rest of the transaction (``pgtasks.pending_parents``, a
 transaction-local setting): this transaction holds its lock until it commits, so it cannot
-end before, and the next children that wait only for such parents return at once. The open
-edges are compared with a constant of the function's own, as in 0021.
+end before, and the next children that wait only for such parents return at once (the 64
+most recent parents are kept, so that each check reads a short list). The open edges are
+compared with a constant of the function's own, as in 0021.
 
 The SQL is frozen here as it was when this migration was written (``django_pgtasks/sql/``
 holds the current definition).
@@ -66,11 +67,11 @@ BEGIN
     WHERE d.child_id = NEW.task_id AND d.resolved = v_open
       AND NOT (d.parent_id = ANY (v_locked))
     HAVING count(*) > 0;
-    PERFORM set_config('pgtasks.pending_parents', (v_pending || ARRAY(
+    PERFORM set_config('pgtasks.pending_parents', (ARRAY(
         SELECT t.id FROM pgtasks_task t
         WHERE t.id = ANY (v_locked) AND t.status IN ('WAITING', 'READY', 'RUNNING',
                                                      'AWAITING_RETRY')
-          AND NOT (t.id = ANY (v_pending))))::text, true);
+          AND NOT (t.id = ANY (v_pending))) || v_pending)[1:64]::text, true);
     RETURN NULL;
 END
 $function$;

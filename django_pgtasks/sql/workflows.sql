@@ -33,7 +33,7 @@ $function$;
 -- children took 4 s per batch of 1,000 (past an ordinary statement_timeout) instead of
 -- 0.05 s. These functions compare with a constant of their own (v_open, v_waiting)
 -- instead: a generic plan (plan_cache_mode) cannot know its value, so it cannot use those
--- partial indexes, and each row is one primary-key probe whatever the statistics.
+-- partial indexes, and each row is one primary-key probe whatever those statistics say.
 
 -- name: function pgtasks_release
 CREATE OR REPLACE FUNCTION pgtasks_release(p_parents bigint[], p_limit integer)
@@ -246,7 +246,8 @@ $function$;
 -- the transaction (pgtasks.pending_parents): locked by this transaction until it commits,
 -- it cannot end before, so the next children of a large fan-out from it have nothing to do
 -- and take no lock and no subtransaction of their own (20,000 children: one of each, not
--- 20,000). The open edges are found with v_open (see above).
+-- 20,000). It remembers the 64 most recent: a list that only grew would make each child of
+-- 20,000 distinct parents read a longer one. The open edges are found with v_open (above).
 -- name: function pgtasks_member_committing
 CREATE OR REPLACE FUNCTION pgtasks_member_committing()
  RETURNS trigger
@@ -294,11 +295,11 @@ BEGIN
     WHERE d.child_id = NEW.task_id AND d.resolved = v_open
       AND NOT (d.parent_id = ANY (v_locked))
     HAVING count(*) > 0;
-    PERFORM set_config('pgtasks.pending_parents', (v_pending || ARRAY(
+    PERFORM set_config('pgtasks.pending_parents', (ARRAY(
         SELECT t.id FROM pgtasks_task t
         WHERE t.id = ANY (v_locked) AND t.status IN ('WAITING', 'READY', 'RUNNING',
                                                      'AWAITING_RETRY')
-          AND NOT (t.id = ANY (v_pending))))::text, true);
+          AND NOT (t.id = ANY (v_pending))) || v_pending)[1:64]::text, true);
     RETURN NULL;
 END
 $function$;

@@ -33,6 +33,7 @@ from django_pgtasks.workflows import chain
 from tests.helpers import (
     database_statement_timeout,
     large_seq_scans,
+    nested_plans,
     running_worker,
     wait_until,
 )
@@ -283,17 +284,19 @@ def test_a_rescue_refused_for_one_row_still_rescues_the_others(caplog) -> None:
 
 # -- the release reads through indexes -------------------------------------------------------
 
+def fan_out(n: int) -> Task:
+    """A parent and ``n`` children waiting for it; return the parent."""
+    parent = tasks.noop.build()
+    Task.objects.enqueue_linked([parent, *(tasks.noop.build() for _ in range(n))],
+                                [[], *([[parent]] * n)])
+    return parent
+
+
 @pytest.mark.slow
 def test_every_statement_of_a_release_batch_reads_through_an_index() -> None:
     """With 20,000 edges already resolved and 20,000 more waiting, a release batch's
     statements (inside the database's functions, shown by auto_explain) read no large table
     in full."""
-    def fan_out(n: int) -> Task:
-        parent = tasks.noop.build()
-        Task.objects.enqueue_linked([parent, *(tasks.noop.build() for _ in range(n))],
-                                    [[], *([[parent]] * n)])
-        return parent
-
     done = fan_out(20_000)
     Task.objects.filter(pk=done.pk).update(status=Status.SUCCESSFUL)
     release_all("default")
@@ -302,20 +305,9 @@ def test_every_statement_of_a_release_batch_reads_through_an_index() -> None:
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgtasks_dependency; ANALYZE pgtasks_workflow_member; "
                        "ANALYZE pgtasks_task; ANALYZE pgtasks_pending_release")
-    plans: list[str] = []
-    raw = connection.connection
-    raw.add_notice_handler(lambda notice: plans.append(notice.message_primary))
-    with connection.cursor() as cursor:
-        cursor.execute("LOAD 'auto_explain'")
-        cursor.execute("SET auto_explain.log_min_duration = 0; "
-                       "SET auto_explain.log_nested_statements = on; "
-                       "SET client_min_messages = log")
-        try:
-            cursor.execute("SELECT pgtasks_release(ARRAY[%s]::bigint[], 1000)", [waiting.pk])
-            assert cursor.fetchone()[0] == 1000
-        finally:
-            cursor.execute("RESET client_min_messages; "
-                           "SET auto_explain.log_min_duration = -1")
+    with nested_plans() as plans, connection.cursor() as cursor:
+        cursor.execute("SELECT pgtasks_release(ARRAY[%s]::bigint[], 1000)", [waiting.pk])
+        assert cursor.fetchone()[0] == 1000
     text = "\n".join(plans)
     assert "pgtasks_dependency" in text  # the plans were seen
     assert large_seq_scans(text) == [], text
@@ -347,46 +339,29 @@ def test_a_release_batch_touches_rows_per_batch_under_statistics_that_expect_no_
     workflows have all ended: what autovacuum last saw) promise the planner no WAITING task
     and no open edge. A batch of a large fan-out, and of a failed parent's children that end
     CANCELLED, still reads rows in proportion to the batch, not to the fan-out."""
-    def fan_out(n: int) -> Task:
-        parent = tasks.noop.build()
-        Task.objects.enqueue_linked([parent, *(tasks.noop.build() for _ in range(n))],
-                                    [[], *([[parent]] * n)])
-        return parent
-
     # The state the statistics see: a workflow that ended, tasks ready, none waiting.
     chain(tasks.noop.build(), tasks.noop.build()).enqueue()
     drain()
     Task.objects.enqueue_many(tasks.noop.build() for _ in range(50))
+    # Compacted, then analyzed: the statistics of those rows alone. (Among the dead rows
+    # earlier tests left, a table looks far sparser than it is, and the planner's estimate
+    # of its size after the fan-out is off by as much: a different weakness, not the one
+    # this test is about.)
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE pgtasks_dependency; ANALYZE pgtasks_workflow_member; "
-                       "ANALYZE pgtasks_task; ANALYZE pgtasks_pending_release")
+        for table in ("pgtasks_dependency", "pgtasks_workflow_member", "pgtasks_task",
+                      "pgtasks_pending_release"):
+            cursor.execute(f"VACUUM (FULL, ANALYZE) {table}")
     children = 5_000
     succeeded, failed = fan_out(children), fan_out(children)
     Task.objects.filter(pk=succeeded.pk).update(status=Status.SUCCESSFUL)
     Task.objects.filter(pk=failed.pk).update(status=Status.FAILED)
 
-    plans: list[str] = []
-    connection.connection.add_notice_handler(lambda notice: plans.append(notice.message_primary))
-    touched = {}
-    with connection.cursor() as cursor:
-        cursor.execute("LOAD 'auto_explain'")
-        cursor.execute("SET auto_explain.log_min_duration = 0; "
-                       "SET auto_explain.log_analyze = on; "
-                       "SET auto_explain.log_nested_statements = on; "
-                       "SET client_min_messages = log")
-        try:
-            for parent, batch in ((succeeded, 1000), (failed, 200)):
-                plans.clear()
-                cursor.execute("SELECT pgtasks_release(ARRAY[%s]::bigint[], %s)",
-                               [parent.pk, batch])
-                assert cursor.fetchone()[0] == batch
-                touched[parent.pk] = rows_touched(plans)
-        finally:
-            cursor.execute("RESET client_min_messages; "
-                           "SET auto_explain.log_min_duration = -1")
     # A scan of every open edge or waiting child would count about 5,000 rows.
-    assert touched[succeeded.pk] <= 2 * 1000, plans
-    assert touched[failed.pk] <= 2 * 200, plans
+    for parent, batch in ((succeeded, 1000), (failed, 200)):
+        with nested_plans(analyze=True) as plans, connection.cursor() as cursor:
+            cursor.execute("SELECT pgtasks_release(ARRAY[%s]::bigint[], %s)", [parent.pk, batch])
+            assert cursor.fetchone()[0] == batch
+        assert rows_touched(plans) <= 2 * batch, plans
     assert Task.objects.filter(status=Status.READY, pk__gt=failed.pk).count() == 0
     assert Task.objects.filter(status=Status.CANCELLED).count() == 200
     assert Task.objects.filter(status=Status.READY, pk__gt=succeeded.pk,

@@ -20,7 +20,7 @@ from django_pgtasks.lifecycle.release import release_all
 from django_pgtasks.models import Dependency, PendingRelease, Status, Task, WorkflowMember
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.workflows import chain, group
-from tests.helpers import run_workers, wait_until
+from tests.helpers import nested_plans, run_workers, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -216,21 +216,10 @@ def _an_outcome_waits_for_a_lock() -> bool:
 def _commit_check_locks(children: list, parents: list) -> int:
     """Enqueue ``children[i]`` waiting for ``parents[i]`` in one transaction; return how many
     times its commit-time check locked parents (auto_explain's plans of its statements)."""
-    plans: list[str] = []
-    connection.ensure_connection()
-    connection.connection.add_notice_handler(lambda notice: plans.append(notice.message_primary))
-    with connection.cursor() as cursor:
-        cursor.execute("LOAD 'auto_explain'")
-        cursor.execute("SET auto_explain.log_min_duration = 0; "
-                       "SET auto_explain.log_nested_statements = on")
-        try:
-            with transaction.atomic():
-                Task.objects.enqueue_linked(children, parents)
-                cursor.execute("SET client_min_messages = log")
-                cursor.execute("SET CONSTRAINTS pgtasks_member_committing IMMEDIATE")
-                cursor.execute("RESET client_min_messages")
-        finally:
-            cursor.execute("SET auto_explain.log_min_duration = -1")
+    with transaction.atomic():
+        Task.objects.enqueue_linked(children, parents)
+        with nested_plans() as plans, connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS pgtasks_member_committing IMMEDIATE")
     return sum("FOR NO KEY UPDATE OF t" in plan for plan in plans)
 
 
@@ -264,6 +253,25 @@ def test_the_commit_check_still_counts_off_a_parent_that_ended_beside_a_remember
     assert [remaining[c.pk] for c in children] == [1, 1, 0]
     assert [Task.objects.get(pk=c.pk).status for c in children] == [
         Status.WAITING, Status.WAITING, Status.READY]
+
+
+def test_the_commit_check_remembers_only_the_most_recent_pending_parents() -> None:
+    """100 children, each of its own earlier task: every child still waits for its parent,
+    and the check's memory keeps the last 64 parents only (a list that only grew would make
+    each check of a large enqueue read a longer one)."""
+    parents = Task.objects.enqueue_many(tasks.wf_add.build(i) for i in range(100))
+    children = [tasks.wf_add.build(i) for i in range(100)]
+    with transaction.atomic():
+        Task.objects.enqueue_linked(children, [[parent] for parent in parents])
+        with connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS pgtasks_member_committing IMMEDIATE")
+            cursor.execute("SELECT current_setting('pgtasks.pending_parents')::bigint[]")
+            remembered = cursor.fetchone()[0]
+    assert remembered == [parent.pk for parent in reversed(parents)][:64]
+    assert set(WorkflowMember.objects.filter(task_id__in=[c.pk for c in children])
+               .values_list("remaining", flat=True)) == {1}
+    assert Task.objects.filter(pk__in=[p.pk for p in parents], has_dependents=True).count() \
+        == 100
 
 
 def test_a_deleted_parent_counts_as_not_succeeded() -> None:
