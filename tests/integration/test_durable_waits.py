@@ -367,30 +367,30 @@ def test_sends_racing_waits_lose_no_wake_up() -> None:
 
 @pytest.mark.slow
 def test_sleeping_and_waiting_tasks_hold_no_thread_while_others_drain() -> None:
-    """1,000 sleeping and 1,000 waiting tasks, started first, and 1,000 others on a worker of
+    """500 sleeping and 500 waiting tasks, started first, and 500 others on a worker of
     two threads: had a sleep or a wait held its thread, the drain could never end."""
     sleepers = Task.objects.enqueue_many(
-        Task.objects.build(waiting.sleeps_once, 2.0, priority=200) for _ in range(1000))
+        Task.objects.build(waiting.sleeps_once, 2.0, priority=200) for _ in range(500))
     waiters = Task.objects.enqueue_many(
-        Task.objects.build(waiting.waits_only, f"many-{i}", priority=200) for i in range(1000))
-    Task.objects.enqueue_many(Task.objects.build(waiting.nothing) for _ in range(1_000))
+        Task.objects.build(waiting.waits_only, f"many-{i}", priority=200) for i in range(500))
+    Task.objects.enqueue_many(Task.objects.build(waiting.nothing) for _ in range(500))
     drain(concurrency=2)
     assert Task.objects.filter(name__endswith=".nothing", status=Status.SUCCESSFUL).count() \
-        == 1_000
+        == 500
     # Every waiter ran once and waits, holding nothing: ready, not due, flagged.
     assert Task.objects.filter(pk__in=[t.pk for t in waiters], status=Status.READY,
                                awaited_event__isnull=False, run_after__gt=Now(),
-                               claims=1).count() == 1000
+                               claims=1).count() == 500
     with transaction.atomic():
-        woken = sum(Task.objects.send_event(f"many-{i}", i) for i in range(1000))
-    assert woken == 1000
+        woken = sum(Task.objects.send_event(f"many-{i}", i) for i in range(500))
+    assert woken == 500
     wait_until(lambda: not Task.objects.filter(status=Status.READY, run_after__gt=Now())
                .exists(), what="the sleepers' times have come")
     drain(concurrency=2)
     both = Task.objects.filter(pk__in=[t.pk for t in [*sleepers, *waiters]])
     assert set(both.values_list("status", "attempt", "claims")) == {(Status.SUCCESSFUL, 1, 2)}
     assert sorted(Task.objects.filter(pk__in=[t.pk for t in waiters])
-                  .values_list("result", flat=True)) == list(range(1000))
+                  .values_list("result", flat=True)) == list(range(500))
     # No sleeper ran again before its time.
     for sleeper in Task.objects.filter(pk__in=[t.pk for t in sleepers]):
         assert sleeper.started_at >= timezone.datetime.fromisoformat(
