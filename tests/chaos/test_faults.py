@@ -31,7 +31,8 @@ def worker_backends() -> int:
 
 
 
-def test_worker_survives_terminated_backends_while_idle_and_while_busy(start_command) -> None:
+def test_worker_survives_terminated_backends_while_idle_and_while_busy(start_command,
+                                                                      tmp_path) -> None:
     process = start_command("run_pgtasks", "--concurrency", "4", "--worker-id", "survivor")
     out = Output(process)
     wait_until(lambda: WorkerProcess.objects.filter(name="survivor").exists())
@@ -41,10 +42,17 @@ def test_worker_survives_terminated_backends_while_idle_and_while_busy(start_com
     assert terminate_worker_backends() == 4
     first = Task.objects.enqueue_many(tasks.noop.build() for _ in range(20))
     wait_until(lambda: Task.objects.succeeded().count() == len(first), timeout=90)
-    # Busy: terminated while handlers run and before their completions are written.
-    busy = Task.objects.enqueue_many(tasks.sleepy.build(0.5) for _ in range(8))
-    wait_until(lambda: Task.objects.running().count() == 4)
+    # Busy: terminated while handlers run and before their completions are written. The
+    # handlers run until the test opens their gate, so the four are seen running however
+    # slow the machine (a fixed run time left a window a loaded machine could miss).
+    gate = tmp_path / "gate"
+    started = [tmp_path / f"started-{i}" for i in range(8)]
+    busy = Task.objects.enqueue_many(tasks.waits_for.build(str(gate), 60, str(path))
+                                     for path in started)
+    wait_until(lambda: sum(path.exists() for path in started) == 4,
+               what="four handlers running")
     assert terminate_worker_backends() >= 2
+    gate.touch()
     wait_until(lambda: Task.objects.succeeded().count() == len(first) + len(busy), timeout=60)
     assert process.poll() is None, out.text  # still running: no crash, no crash loop
     assert "terminating connection due to administrator command" in out.text
