@@ -76,6 +76,26 @@ def nested_plans(analyze: bool = False) -> Iterator[list[str]]:
             connection.connection.remove_notice_handler(handler)
 
 
+#: A plan node's line, with what EXPLAIN ANALYZE counted (``rows`` and ``Rows Removed`` are
+#: per loop).
+NODE = re.compile(r"\(actual time=[\d.]+\.\.[\d.]+ rows=(\d+) loops=(\d+)\)")
+REMOVED = re.compile(r"Rows Removed by (?:Filter|Join Filter|Index Recheck): (\d+)")
+
+
+def rows_touched(plans: list[str]) -> int:
+    """The most rows one plan node of ``plans`` (auto_explain's, with ``log_analyze``)
+    returned or filtered out over all its loops."""
+    most = loops = 0
+    for plan in plans:
+        for line in plan.splitlines():
+            if node := NODE.search(line):
+                loops = int(node[2])
+                most = max(most, int(node[1]) * loops)
+            elif removed := REMOVED.search(line):
+                most = max(most, int(removed[1]) * loops)
+    return most
+
+
 def assert_reads_only_the_window(plan: str, since: datetime, now: datetime) -> None:
     """``plan`` reads the tasks of the window from ``since`` to ``now`` (at most a few days)
     out of a long history: it reads whole (a sequential scan of a large table) only the

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -34,6 +33,7 @@ from tests.helpers import (
     database_statement_timeout,
     large_seq_scans,
     nested_plans,
+    rows_touched,
     running_worker,
     wait_until,
 )
@@ -311,26 +311,6 @@ def test_every_statement_of_a_release_batch_reads_through_an_index() -> None:
     text = "\n".join(plans)
     assert "pgtasks_dependency" in text  # the plans were seen
     assert large_seq_scans(text) == [], text
-
-
-#: A plan node's line, with what EXPLAIN ANALYZE counted (``rows`` and ``Rows Removed`` are
-#: per loop).
-NODE = re.compile(r"\(actual time=[\d.]+\.\.[\d.]+ rows=(\d+) loops=(\d+)\)")
-REMOVED = re.compile(r"Rows Removed by (?:Filter|Join Filter|Index Recheck): (\d+)")
-
-
-def rows_touched(plans: list[str]) -> int:
-    """The most rows one plan node of ``plans`` (auto_explain's, with ``log_analyze``)
-    returned or filtered out over all its loops."""
-    most = loops = 0
-    for plan in plans:
-        for line in plan.splitlines():
-            if node := NODE.search(line):
-                loops = int(node[2])
-                most = max(most, int(node[1]) * loops)
-            elif removed := REMOVED.search(line):
-                most = max(most, int(removed[1]) * loops)
-    return most
 
 
 @pytest.mark.slow

@@ -16,11 +16,20 @@ from django.db.models.functions import Now
 
 from django_pgtasks.database.schema import LIVE_TABLE
 from django_pgtasks.exceptions import InvalidTaskError
+from django_pgtasks.lifecycle.dependencies import PARENTS_PAGE
 from django_pgtasks.lifecycle.release import release_all
-from django_pgtasks.models import Dependency, PendingRelease, Status, Task, WorkflowMember
+from django_pgtasks.models import (
+    ArchivedTask,
+    Dependency,
+    PendingRelease,
+    Status,
+    Task,
+    WorkflowMember,
+)
+from django_pgtasks.patterns.retention import purge
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.workflows import chain, group
-from tests.helpers import nested_plans, run_workers, wait_until
+from tests.helpers import large_seq_scans, nested_plans, rows_touched, run_workers, wait_until
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -285,6 +294,26 @@ def test_a_deleted_parent_counts_as_not_succeeded() -> None:
     assert Task.objects.parent_outcomes(child)[0].status == "DELETED"
 
 
+def test_the_outcome_of_a_purged_parent_is_read_from_the_archive_else_from_its_edge(
+        settings) -> None:
+    settings.PGTASKS = {**settings.PGTASKS, "ARCHIVE": True}
+    kept, archived, gone = (Task.objects.enqueue(tasks.wf_add, n, queue="emails")
+                            for n in (1, 2, 3))
+    child = Task.objects.enqueue(tasks.wf_add, 0, queue="urgent",
+                                 depends_on=[archived, gone, kept])
+    assert Worker(queues=["emails"], burst=True).run(install_signals=False) == 0
+    release_all("default")
+    with connection.cursor() as cursor:  # archived and purged, as the purge does
+        cursor.execute("UPDATE pgtasks_task SET finished_at = now() - interval '40 days' "
+                       "WHERE id = ANY (%s)", [[archived.pk, gone.pk]])
+    assert purge().archived == {"SUCCESSFUL": 2}
+    ArchivedTask.objects.filter(pk=gone.pk).delete()
+    assert [(p.id, p.name, p.status, p.result) for p in Task.objects.parent_outcomes(child)] \
+        == [(archived.pk, tasks.wf_add.name, "SUCCESSFUL", 2), (gone.pk, "", "SUCCESSFUL", None),
+            (kept.pk, tasks.wf_add.name, "SUCCESSFUL", 1)]
+    assert Task.objects.parent_counts(child) == {"SUCCESSFUL": 3}
+
+
 def test_a_purged_child_takes_its_edges_and_membership_along() -> None:
     workflow = chain(tasks.wf_add.build(1), tasks.wf_add.build(2)).enqueue()
     drain()
@@ -421,6 +450,50 @@ def test_a_1000_member_group_callback_runs_exactly_once_under_8_workers() -> Non
     assert Execution.objects.filter(worker="callback").count() == 1
     assert Execution.objects.count() == 1001
     assert WorkflowMember.objects.get(task_id=callback.pk).remaining == 0
+
+
+HISTORY_ROWS = 30_000
+PARENTS = 3_000
+
+
+@pytest.mark.slow
+def test_reading_the_parents_of_a_large_join_touches_rows_per_parent_not_per_history_row() -> None:
+    """A join of 3,000 parents, read beside 30,000 finished tasks of earlier work (analyzed):
+    each statement reads the parents it returns (a probe of each partition's primary key per
+    parent, a page of parents per statement), never the finished history in full, so that the
+    read stays within a statement timeout however long the history grows."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO pgtasks_task (name, queue, args, kwargs, priority, status, attempt,
+                                      max_attempts, error_text, metadata, run_after,
+                                      finished_at, result)
+            SELECT 'tests.testapp.tasks.noop', 'default', '[]', '{}', 100,
+                   CASE WHEN i %% 10 = 0 THEN 'FAILED' ELSE 'SUCCESSFUL' END, 1, 3,
+                   CASE WHEN i %% 10 = 0 THEN 'boom ' || i ELSE '' END, '{}', now(), now(),
+                   to_jsonb(i)
+            FROM generate_series(1, %s) AS i
+            RETURNING id
+            """,
+            [HISTORY_ROWS + PARENTS],
+        )
+        parents = sorted(row[0] for row in cursor.fetchall())[-PARENTS:]
+    child = tasks.noop.enqueue(depends_on=parents)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgtasks_task; ANALYZE pgtasks_dependency")
+    with nested_plans(analyze=True) as plans:
+        outcomes = Task.objects.parent_outcomes(child)
+        counts = Task.objects.parent_counts(child)
+    assert [outcome.id for outcome in outcomes] == parents
+    expected = Task.objects.filter(pk__in=parents).order_by("id")
+    assert [(o.status, o.result, o.error_text) for o in outcomes] == [
+        (t.status, t.result, t.error_text) for t in expected]
+    assert counts == {"SUCCESSFUL": 2700, "FAILED": 300}
+    # The reads of the parents (their edges apart): pages of PARENTS_PAGE, each row one probe.
+    reads = [plan for plan in plans if "pgtasks_dependency" not in plan]
+    assert len(reads) == 2 * PARENTS // PARENTS_PAGE, plans
+    assert rows_touched(reads) <= PARENTS_PAGE, reads
+    assert large_seq_scans("\n".join(reads)) == [], reads
 
 
 WAITING_ROWS = 100_000
