@@ -429,11 +429,13 @@ def database_now() -> datetime:
 
 
 def time_passes(task: Any) -> None:
-    """As if the task's sleeps had run out (a test cannot wait an hour): their kept ends and
-    the task's due time become the database's now. The runs that follow compare them with
-    their claim's time, as they would after a real hour."""
+    """As if the task's sleeps and the deadlines of its waits had run out (a test cannot wait
+    an hour, and a wait of seconds may run out before a loaded machine has looked): their kept
+    ends and the task's due time become the database's now. The runs that follow compare them
+    with their claim's time, as they would after a real hour."""
     now = database_now()
     task.refresh_from_db()
-    steps = [{**entry, "result": {"until": now.isoformat()}}
-             if entry["name"].startswith("@sleep") else entry for entry in task.steps]
+    steps = [{**entry, "result": {**entry["result"], "until": now.isoformat()}}
+             if entry["name"].startswith(("@sleep", "@wait")) else entry
+             for entry in task.steps]
     type(task).objects.filter(pk=task.pk).update(steps=steps, run_after=now)

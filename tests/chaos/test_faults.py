@@ -61,12 +61,18 @@ def test_worker_survives_terminated_backends_while_idle_and_while_busy(start_com
     assert WorkerProcess.objects.filter(name="survivor").exists()
 
 
-def test_worker_rides_out_the_database_going_away(start_command, subprocess_env) -> None:
+def test_worker_rides_out_the_database_going_away(start_command, subprocess_env,
+                                                  tmp_path) -> None:
     s = connection.settings_dict
     proxy = FlakyProxy((s["HOST"] or "127.0.0.1", int(s["PORT"] or 5432)))
     subprocess_env.update(PGHOST="127.0.0.1", PGPORT=str(proxy.port))
+    gate = tmp_path / "gate"
     try:
-        Task.objects.enqueue_many(tasks.sleepy.build(0.3) for _ in range(40))
+        # The last four (the lowest priority) run until the outage has been seen: work is
+        # left for after it however fast the others drain.
+        Task.objects.enqueue_many([*(tasks.sleepy.build(0.3) for _ in range(36)),
+                                   *(tasks.waits_for.build(str(gate), 60, priority=0)
+                                     for _ in range(4))])
         process = start_command("run_pgtasks", "--concurrency", "4", "--worker-id", "rider")
         out = Output(process)
         wait_until(lambda: Task.objects.succeeded().count() >= 8, timeout=90)
@@ -75,6 +81,7 @@ def test_worker_rides_out_the_database_going_away(start_command, subprocess_env)
         assert proxy.cut(3.0) >= 2
         # The worker tries to reconnect during the outage, and is refused.
         wait_until(lambda: proxy.refused >= 2, 30, "the worker to try to reconnect")
+        gate.touch()
         wait_until(lambda: Task.objects.succeeded().count() == 40, timeout=60)
         assert done_before < 40  # some of the work was left for after the outage
         assert process.poll() is None, out.text

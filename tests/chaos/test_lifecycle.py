@@ -331,7 +331,7 @@ def start(worker: Worker) -> threading.Thread:
 
 
 def test_a_claim_blocked_on_a_lock_longer_than_the_worker_timeout_runs_nothing_twice(
-        settings) -> None:
+        settings, tmp_path) -> None:
     from django_pgtasks.patterns import controls
     from django_pgtasks.worker.liveness import rescue
 
@@ -340,7 +340,8 @@ def test_a_claim_blocked_on_a_lock_longer_than_the_worker_timeout_runs_nothing_t
     settings.PGTASKS = {**settings.PGTASKS, "WORKER_TIMEOUT": 2.0, "RESCUE_GRACE": 0.5}
     # A rate limit makes the claim lock the queue's control row (the controlled claim).
     controls.set_rate_limit(1000, 1, queue="emails")
-    task = Task.objects.enqueue(lifecycle.logged_sleep, 6.0, queue="emails")
+    gate = tmp_path / "gate"  # the task runs until the claim has been held back
+    task = Task.objects.enqueue(tasks.records_and_waits, str(gate), queue="emails")
     worker = Worker(concurrency=2, queues=["emails"], worker_id="blocked")
     thread = start(worker)
     holder = connections.create_connection("default")
@@ -362,6 +363,7 @@ def test_a_claim_blocked_on_a_lock_longer_than_the_worker_timeout_runs_nothing_t
         # The claim was blocked all along (it is what the lock holds back).
         assert Task.objects.get(pk=waiting.pk).status == Status.READY
         holder.rollback()
+        gate.touch()
         wait_until(lambda: Task.objects.succeeded().count() == 2, 30, "both tasks to finish")
     finally:
         holder.close()

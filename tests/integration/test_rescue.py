@@ -190,15 +190,15 @@ def test_a_silent_worker_is_rescued_after_worker_timeout_even_with_its_lock(sett
 
 
 def test_heartbeat_only_liveness_ignores_locks(settings) -> None:
-    settings.PGTASKS = {**settings.PGTASKS, "LIVENESS": "heartbeat", "WORKER_TIMEOUT": 5.0}
+    settings.PGTASKS = {**settings.PGTASKS, "LIVENESS": "heartbeat", "WORKER_TIMEOUT": 60.0}
     liveness = ghost("pooled")
     assert WorkerProcess.objects.get(name="pooled").lock_key is None
     Task.objects.enqueue(tasks.noop)
     Task.objects.claim("pooled")
     vanish(liveness)
-    age("pooled", 3)  # no lock to lose: only the heartbeat timeout counts
+    age("pooled", 30)  # no lock to lose: only the heartbeat timeout counts
     assert rescue() == []
-    age("pooled", 6)
+    age("pooled", 61)
     assert [r.worker for r in rescue()] == ["pooled"]
 
 

@@ -364,10 +364,11 @@ def test_a_100k_row_purge_keeps_every_transaction_short_and_blocks_no_claim() ->
                f"cycles during the purge, slowest {max(cycles) * 1000:.1f} ms")
     # Bounds relative to the whole purge, not clock times (a loaded machine stretches every
     # transaction alike): one transaction for all the rows, or a claim that waited for it,
-    # would take most of the purge's time.
-    assert 0 < longest_xact[0] < elapsed / 4, figures
+    # would take most of the purge's time; half leaves room for a stall of the machine in
+    # one of the hundred.
+    assert 0 < longest_xact[0] < elapsed / 2, figures
     assert cycles_during >= 10, figures
-    assert max(cycles) < elapsed / 4, figures
+    assert max(cycles) < elapsed / 2, figures
     assert lock_waits == [], figures
 
 

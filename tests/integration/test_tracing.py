@@ -289,9 +289,10 @@ def test_django_tasks_aenqueue_is_traced_too(spans: Spans) -> None:
 
 
 def test_a_run_over_its_time_limit_ends_its_span_when_the_watchdog_fails_it(
-        spans: Spans) -> None:
+        spans: Spans, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"  # the handler runs past its 0.5 s limit until the test opens it
     with spans.tracer.start_as_current_span("request"):
-        Task.objects.enqueue(tasks.hangs, 1.0)
+        Task.objects.enqueue(tasks.hangs_until, str(gate))
     run_worker()
     [run] = spans.wait_for("run", 1)
     assert run.attributes["pgtasks.task.outcome"] == "failed"
@@ -301,6 +302,7 @@ def test_a_run_over_its_time_limit_ends_its_span_when_the_watchdog_fails_it(
     # The abandoned handler finishes later; its span was ended once, by the timeout.
     from tests.testapp.models import Execution
 
+    gate.touch()
     wait_until(lambda: Execution.objects.filter(worker="late").exists(), timeout=30,
                what="the abandoned handler to finish")
     assert len(spans.named("run")) == 1

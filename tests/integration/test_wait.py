@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -58,9 +59,28 @@ def wakeups(monkeypatch) -> list[bool]:
     return ends
 
 
-def test_wait_is_woken_by_the_completion(worker, wakeups) -> None:
-    task = Task.objects.enqueue(cooperative.slow_double, 21, 0.3)
+def opened_once_awaited(task: Task, gate: Path) -> threading.Thread:
+    """A thread that opens ``gate`` once a waiter has marked ``task`` awaited (so the task
+    cannot end before the waiter listens, however slow the machine)."""
+    def open_gate() -> None:
+        try:
+            wait_until(lambda: Task.objects.filter(pk=task.pk, awaited=True).exists(),
+                       PATIENCE, "the waiter to mark the task awaited")
+            gate.touch()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=open_gate)
+    thread.start()
+    return thread
+
+
+def test_wait_is_woken_by_the_completion(worker, wakeups, tmp_path) -> None:
+    gate = tmp_path / "gate"
+    task = Task.objects.enqueue(cooperative.gated_double, 21, str(gate))
+    opener = opened_once_awaited(task, gate)
     done = Task.objects.wait(task, timeout=PATIENCE, poll_interval=NO_POLL)
+    opener.join()
     assert (done.status, done.result, done.awaited) == (Status.SUCCESSFUL, 42, True)
     assert wakeups == [True]  # one sleep, ended by the task's NOTIFY
 

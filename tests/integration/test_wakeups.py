@@ -54,8 +54,8 @@ def test_bulk_enqueues_notify_at_commit_with_their_delay(listen) -> None:
     queue, delay = payload.split("@")
     assert queue == "urgent"
     # Measured from the statement that reads the database time for the new rows, up to the
-    # later COPY's: 30 s less the gap between the two.
-    assert 29.0 <= float(delay) <= 30.0
+    # later COPY's: 30 s less the gap between the two (a few ms; seconds on a stalled machine).
+    assert 25.0 <= float(delay) <= 30.0
 
 
 def test_a_rolled_back_enqueue_notifies_nobody(listen) -> None:
@@ -75,8 +75,8 @@ def test_a_delayed_task_notifies_its_delay_relative_to_the_database_clock(listen
     queue, delay = payload.split("@")
     assert queue == "urgent"
     # Measured from the statement that reads the database time for the new rows, up to the
-    # later COPY's: 30 s less the gap between the two.
-    assert 29.0 <= float(delay) <= 30.0
+    # later COPY's: 30 s less the gap between the two (a few ms; seconds on a stalled machine).
+    assert 25.0 <= float(delay) <= 30.0
 
 
 def test_claims_and_completions_are_silent_but_retries_notify(listen) -> None:

@@ -202,15 +202,26 @@ def test_a_killed_supervisor_takes_its_worker_processes_with_it_at_the_tests_end
     assert not [pid for pid in children if not_killed(pid)]
 
 
-def test_supervisor_restarts_a_killed_worker_process(start_command) -> None:
-    Task.objects.enqueue_many(tasks.sleepy.build(0.02) for _ in range(300))
+def test_supervisor_restarts_a_killed_worker_process(start_command, tmp_path) -> None:
+    # Four tasks first (the highest priority) that run until the test opens their gate: two
+    # for each process's two threads, so the process killed holds running tasks however slow
+    # the machine.
+    gate = tmp_path / "gate"
+    started = [tmp_path / f"started-{i}" for i in range(4)]
+    held = {task.pk: path for task, path in zip(Task.objects.enqueue_many(
+        tasks.waits_for.build(str(gate), 60, str(path), priority=200) for path in started),
+        started, strict=True)}
+    Task.objects.enqueue_many(tasks.sleepy.build(0.02) for _ in range(296))
     process = start_command("run_pgtasks", "--processes", "2", "--concurrency", "2",
                             "--worker-id", "sup")
     out = Output(process)
     first = int(out.wait_for(r"Started worker process 0 pid=(\d+)").group(1))
     out.wait_for(r"Started worker process 1 pid=(\d+)")
-    wait_until(lambda: Task.objects.filter(locked_by="sup-0").exists())
+    wait_until(lambda: any(held[pk].exists() for pk in Task.objects.held_by("sup-0")
+                           .filter(pk__in=held).values_list("pk", flat=True)),
+               what="worker process 0 running a task held at the gate")
     os.kill(first, signal.SIGKILL)
+    gate.touch()
     out.wait_for(rf"Worker process 0 pid={first} exited with code -9; restarting")
     line = len(out.lines)
     replacement = int(out.wait_for(r"Started worker process 0 pid=(\d+)", after=line).group(1))

@@ -1,8 +1,9 @@
 """Workflows under eight ``run_pgtasks`` processes, with workers killed by SIGKILL mid-run.
 
-A 1,000-member group (each member holds its worker 50 ms) and a diamond (a, then b and c,
-then d) are enqueued in one transaction while eight workers wait. Each time the members'
-successes pass another fifth (three times), a worker that is running tasks is killed with
+A 1,000-member group (each member holds its worker 50 ms, the last one until the last kill)
+and a diamond (a, then b and c, then d) are enqueued in one transaction while eight workers
+wait. Each time the members' successes pass another fifth (three times), a worker that is
+running tasks is killed with
 SIGKILL and a replacement started. Nothing may be lost: every member and step ends
 SUCCESSFUL (a killed run is rescued and runs again), the group's callback is released once
 and its log row, which commits with its outcome, exists exactly once; the diamond ran in
@@ -33,7 +34,8 @@ TIME_LIMIT = 240
 
 
 @pytest.mark.timeout(TIME_LIMIT + 120)
-def test_a_group_and_a_diamond_under_8_workers_lose_nothing_to_kill_9(start_command) -> None:
+def test_a_group_and_a_diamond_under_8_workers_lose_nothing_to_kill_9(start_command,
+                                                                    tmp_path) -> None:
     processes: dict[str, tuple] = {}
     counter = itertools.count()
 
@@ -47,7 +49,11 @@ def test_a_group_and_a_diamond_under_8_workers_lose_nothing_to_kill_9(start_comm
         spawn()
     wait_until(lambda: WorkerProcess.objects.count() == WORKERS, 90, "the workers to start")
     with transaction.atomic():
-        big = group([tasks.wf_slow_step.build(f"m{i}") for i in range(MEMBERS)],
+        # The last member runs until the test opens its gate after the last kill: the group
+        # cannot end before every kill, however slow the test's polls.
+        gate = tmp_path / "gate"
+        big = group([*(tasks.wf_slow_step.build(f"m{i}") for i in range(MEMBERS - 1)),
+                     tasks.wf_slow_step.build("gated", str(gate))],
                     then=tasks.wf_collect_once.build()).enqueue()
         diamond = chain(tasks.wf_step.build("a"),
                         group([tasks.wf_step.build("b"), tasks.wf_step.build("c")]),
@@ -75,6 +81,8 @@ def test_a_group_and_a_diamond_under_8_workers_lose_nothing_to_kill_9(start_comm
                 processes[victim][0].wait()
                 killed.append(victim)
                 spawn()
+                if not marks:
+                    gate.touch()
         return False
 
     wait_until(step, TIME_LIMIT, "the workflow to end")

@@ -16,7 +16,7 @@ from django_pgtasks.definition.registry import TaskContext
 from django_pgtasks.exceptions import Snooze
 
 from .models import Execution
-from .workload import pause
+from .workload import pause, wait_for_gate
 
 #: Seconds a handler waits for a cancellation that a test is about to request.
 LONG = 600.0
@@ -129,4 +129,12 @@ def quick(ctx: TaskContext, value: int) -> int:
 def slow_double(ctx: TaskContext, value: int, seconds: float) -> int:
     _log(ctx)
     pause(seconds)
+    return value * 2
+
+
+@pgtask(context=True)
+def gated_double(ctx: TaskContext, value: int, gate: str) -> int:
+    """Doubles ``value`` once the file ``gate`` exists."""
+    _log(ctx)
+    wait_for_gate(gate)
     return value * 2

@@ -9,7 +9,7 @@ from django_pgtasks import FatalError, pgtask
 from django_pgtasks.definition.registry import TaskContext
 
 from .models import Execution
-from .workload import pause
+from .workload import pause, wait_for_gate
 
 
 @pgtask
@@ -137,6 +137,13 @@ def hangs(ctx: TaskContext, seconds: float) -> None:
     Execution.objects.create(task_id=ctx.task_id, worker="late", attempt=ctx.attempt)
 
 
+@pgtask(timeout=0.5, max_attempts=1, context=True)
+def hangs_until(ctx: TaskContext, gate: str) -> None:
+    """Overruns its time limit until the file ``gate`` exists; then logs an execution row."""
+    wait_for_gate(gate)
+    Execution.objects.create(task_id=ctx.task_id, worker="late", attempt=ctx.attempt)
+
+
 @pgtask(timeout=0.3, max_attempts=1)
 async def async_hangs() -> None:
     import asyncio
@@ -234,9 +241,12 @@ def wf_collect(ctx: TaskContext) -> list[Any]:
 
 
 @pgtask(context=True)
-def wf_slow_step(ctx: TaskContext, label: str) -> str:
-    """Records its run (``worker`` = its label, then the worker's id) after 50 ms."""
+def wf_slow_step(ctx: TaskContext, label: str, gate: str | None = None) -> str:
+    """Records its run (``worker`` = the worker's id) after 50 ms, and with ``gate`` once the
+    file ``gate`` exists."""
     pause(0.05)
+    if gate is not None:
+        wait_for_gate(gate)
     Execution.objects.create(task_id=ctx.task_id, worker=ctx.worker_id, attempt=ctx.attempt)
     return label
 
