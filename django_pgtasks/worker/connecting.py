@@ -180,8 +180,17 @@ connection_created.connect(_note_opened, dispatch_uid="django_pgtasks.worker.ope
 def opened_in_thread() -> set[str]:
     """The aliases of the connections opened in this thread and not seen closed since: all
     that a pool thread has to reset after a task (most handlers open none). The caller
-    removes an alias once it finds its connection closed; opening it again lists it again."""
-    return _opened.__dict__.get("aliases") or set()
+    removes an alias once it finds its connection closed; opening it again lists it again.
+
+    An alias no longer in ``DATABASES`` is dropped (a database added for a while and removed
+    at run time, as tests do): there is nothing of it to reset, and asking Django for it
+    would raise. A process forked from this thread (the process pool's children) inherits the
+    list, which therefore may name such an alias."""
+    aliases = _opened.__dict__.get("aliases")
+    if not aliases:
+        return set()
+    aliases.intersection_update(connections.settings)
+    return aliases
 
 
 def _times_opened(alias: str) -> int:

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import logging
 import threading
+from types import SimpleNamespace
 
 import psycopg.errors
 import pytest
+from django.db import connections
 
-from django_pgtasks.worker.connecting import REST_MAX, ThreadConnections
+from django_pgtasks.worker.connecting import (
+    REST_MAX,
+    ThreadConnections,
+    _note_opened,
+    opened_in_thread,
+)
 
 REFUSED = psycopg.errors.lookup("53300")("sorry, too many clients already")
 
@@ -66,3 +73,18 @@ def test_a_handler_seen_not_to_use_the_database_starts_without_a_connection(
         pass  # a handler that sends no statement
     assert threads.needed("tests.unit.quiet", atomic, batched) is needed
     assert threads.needed("tests.unit.other", atomic, batched)
+
+
+def test_an_alias_removed_from_the_settings_is_no_longer_listed_as_opened() -> None:
+    """A database added for a while and removed (tests do): its connection was opened in
+    this thread, and the thread's next reset (or that of a process forked from it) must not
+    ask Django for an alias it no longer knows."""
+    connections.settings["for_a_while"] = dict(connections.settings["default"])
+    try:
+        _note_opened(None, SimpleNamespace(alias="for_a_while"))
+        assert "for_a_while" in opened_in_thread()
+    finally:
+        del connections.settings["for_a_while"]
+    assert "for_a_while" not in opened_in_thread()
+    for alias in opened_in_thread():
+        connections[alias]  # every alias listed is one Django knows
