@@ -372,7 +372,7 @@ def test_sleeping_and_waiting_tasks_hold_no_thread_while_others_drain() -> None:
     """500 sleeping and 500 waiting tasks, started first, and 500 others on a worker of
     two threads: had a sleep or a wait held its thread, the drain could never end."""
     sleepers = Task.objects.enqueue_many(
-        Task.objects.build(waiting.sleeps_once, 2.0, priority=200) for _ in range(500))
+        Task.objects.build(waiting.sleeps_once, 3600, priority=200) for _ in range(500))
     waiters = Task.objects.enqueue_many(
         Task.objects.build(waiting.waits_only, f"many-{i}", priority=200) for i in range(500))
     Task.objects.enqueue_many(Task.objects.build(waiting.nothing) for _ in range(500))
@@ -386,6 +386,8 @@ def test_sleeping_and_waiting_tasks_hold_no_thread_while_others_drain() -> None:
     with transaction.atomic():
         woken = sum(Task.objects.send_event(f"many-{i}", i) for i in range(500))
     assert woken == 500
+    for sleeper in sleepers:  # an hour on, for them (the drain above took seconds at most)
+        time_passes(sleeper)
     wait_until(lambda: not Task.objects.filter(status=Status.READY, run_after__gt=Now())
                .exists(), what="the sleepers' times have come")
     drain(concurrency=2)
