@@ -219,34 +219,42 @@ class ParentOutcome:
         return self.status == "SUCCESSFUL"
 
 
-def _parents(using: str, task_id: int, sql: str) -> list[tuple[Any, ...]]:
-    """Each parent of task ``task_id`` in depends_on order, as ``(id, status, ...)``: the
-    rest of the row of ``sql`` (:data:`PARENTS_SQL`, or :data:`PARENT_STATES_SQL` for the
-    status alone) or of the archive, else ``(id, the edge's status or "DELETED")``."""
-    found: dict[int, tuple[Any, ...]] = {}
+def _parents(using: str, task_id: int, sql: str
+             ) -> list[tuple[int, str | None, tuple[Any, ...] | None]]:
+    """Each parent of task ``task_id`` in depends_on order, as ``(id, its edge's status,
+    its row)``: the row of ``sql`` (:data:`PARENTS_SQL`, or :data:`PARENT_STATES_SQL` for
+    the status alone) or, for a parent purged since, of the archive cut to the same columns;
+    ``None`` for a parent in neither."""
+    rows: dict[int, tuple[Any, ...]] = {}
     with connections[using].cursor() as cursor:
         cursor.execute(EDGES_SQL, [task_id])
         edges = [(pk, status) for _, pk, status in sorted(cursor.fetchall())]
         for start in range(0, len(edges), PARENTS_PAGE):
             cursor.execute(sql, [[pk for pk, _ in edges[start:start + PARENTS_PAGE]]])
-            found.update((row[0], row) for row in cursor.fetchall())
-        purged = [pk for pk, _ in edges if pk not in found]
+            rows.update((row[0], row) for row in cursor.fetchall())
+        purged = [pk for pk, _ in edges if pk not in rows]
         if purged:
             width = len(cursor.description)
             cursor.execute(ARCHIVED_PARENTS_SQL, [purged])
-            found.update((row[0], row[:width]) for row in cursor.fetchall())
-    return [found.get(pk) or (pk, status or "DELETED") for pk, status in edges]
+            rows.update((row[0], row[:width]) for row in cursor.fetchall())
+    return [(pk, status, rows.get(pk)) for pk, status in edges]
 
 
 def parent_outcomes(using: str, task_id: int) -> list[ParentOutcome]:
     """How each parent of task ``task_id`` ended, in the order they were given."""
-    return [ParentOutcome(pk, name, status, None if result is None else json.loads(result),
-                          error_text)
-            for pk, status, name, result, error_text
-            in (row if len(row) == 5 else (*row, "", None, "")
-                for row in _parents(using, task_id, PARENTS_SQL))]
+    outcomes = []
+    for pk, edge_status, row in _parents(using, task_id, PARENTS_SQL):
+        if row is None:  # its edge still tells how it ended
+            outcomes.append(ParentOutcome(pk, "", edge_status or "DELETED", None, ""))
+        else:
+            _, status, name, result, error_text = row
+            outcomes.append(ParentOutcome(
+                pk, name, status, None if result is None else json.loads(result), error_text))
+    return outcomes
 
 
 def parent_counts(using: str, task_id: int) -> dict[str, int]:
     """How many parents of task ``task_id`` ended in each state."""
-    return dict(Counter(row[1] for row in _parents(using, task_id, PARENT_STATES_SQL)))
+    return dict(Counter(row[1] if row else edge_status or "DELETED"
+                        for _, edge_status, row in _parents(using, task_id,
+                                                            PARENT_STATES_SQL)))

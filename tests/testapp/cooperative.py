@@ -64,13 +64,10 @@ def ignores_cancel(ctx: TaskContext) -> str:
 def runs_on_into_its_time_limit(ctx: TaskContext, gate: str) -> str:
     """Sees the cancellation, then runs on (until the file ``gate`` exists) into its 4 s
     time limit."""
-    import os
-
     _log(ctx)
     if ctx.wait(LONG):
         _log(ctx, "saw the cancellation")
-    while not os.path.exists(gate):
-        pause(0.01)
+    wait_for_gate(gate)
     return "finished"
 
 

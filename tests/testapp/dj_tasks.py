@@ -221,11 +221,8 @@ def durable_through_djangos_context(context, key: str) -> Any:
 def hangs_until(started: str, gate: str) -> str:
     """Writes the file ``started``, then waits (heedless of any cancellation) until the file
     ``gate`` exists."""
-    import os
-
-    from .workload import pause
+    from .workload import wait_for_gate
 
     open(started, "w").close()
-    while not os.path.exists(gate):
-        pause(0.01)
+    wait_for_gate(gate)
     return "finished"

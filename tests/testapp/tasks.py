@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django_pgtasks import FatalError, pgtask
@@ -109,15 +108,9 @@ def sleepy(seconds: float) -> None:
 def waits_for(path: str, timeout: float = 60, started: str | None = None) -> None:
     """Runs until the file ``path`` exists (a test opens the gate when it is ready); creates
     the file ``started``, if given, as soon as it runs."""
-    import os
-
     if started is not None:
         open(started, "w").close()
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout}s.")
-        pause(0.01)
+    wait_for_gate(path, timeout)
 
 
 @pgtask(max_attempts=1)
@@ -413,12 +406,12 @@ def waits_for_cancel(ctx: TaskContext, started: str) -> str:
 
 @pgtask(context=True)
 def records_and_waits(ctx: TaskContext, gate: str) -> int:
-    """Records its run, then waits (without a time limit) until the file ``gate`` exists."""
+    """Records its run, then waits (without a time limit of its task) until the file ``gate``
+    exists."""
     import os
 
     record_run(ctx)
-    while not os.path.exists(gate):
-        pause(0.01)
+    wait_for_gate(gate)
     return os.getpid()
 
 
@@ -448,8 +441,7 @@ def runs_on_after_cancel(ctx: TaskContext, noticed: str, gate: str) -> int:
     while not ctx.wait(30):
         pass
     open(noticed, "w").close()
-    while not os.path.exists(gate):
-        pause(0.01)
+    wait_for_gate(gate)
     return os.getpid()
 
 
