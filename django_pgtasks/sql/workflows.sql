@@ -34,33 +34,55 @@ $function$;
 -- 0.05 s. These functions compare with a constant of their own (v_open, v_waiting)
 -- instead: a generic plan (plan_cache_mode) cannot know its value, so it cannot use those
 -- partial indexes, and each row is one primary-key probe whatever those statistics say.
+--
+-- Statistics taken after vacuum emptied most pages of a table without truncating it (a
+-- quiet period after a large workflow) scale a handful of live rows to the whole table: the
+-- planner expects a few edges, members and tasks where a new fan-out put thousands, and any
+-- condition to match all of them. A join of the batch with such a table then read the table
+-- in full once per row of the batch (9 s for a batch of 1,000 among 10,000 edges), and a
+-- lookup by child read a whole index that only gave the order it wanted. So each statement
+-- of a batch reads one table (its rows named with `= ANY (array)`, a value that differs per
+-- row from a per-row probe of a small table, or one statement per value), sequential scans
+-- are off (enable_seqscan: only the index its conditions name is left), and a per-row check
+-- keeps to its row (`OFFSET 0` keeps EXISTS from becoming a join or a hash of the whole
+-- table, and keeps an ORDER BY from choosing an index for its order alone). Whatever the
+-- planner expects, no statement reads more than the rows it names.
 
 -- name: function pgtasks_release
 CREATE OR REPLACE FUNCTION pgtasks_release(p_parents bigint[], p_limit integer)
  RETURNS integer
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
+    v_edges bigint[];
     v_children bigint[];
     v_count integer;
-    v_settled bigint[];
+    v_times integer;
+    v_lowered bigint[];
+    v_settled bigint[] := '{}';
     v_ready bigint[];
     v_open CONSTANT boolean := false;
     v_waiting CONSTANT text := 'WAITING';
 BEGIN
-    WITH picked AS (
-        SELECT d.id, r.parent_status
+    -- The batch: open edges of the locked marks' parents, through the index of open edges.
+    v_edges := ARRAY(
+        SELECT d.id
         FROM pgtasks_pending_release r
         CROSS JOIN LATERAL (
             SELECT e.id FROM pgtasks_dependency e
             WHERE e.parent_id = r.parent_id AND NOT e.resolved
             LIMIT p_limit) d
         WHERE r.parent_id = ANY (p_parents)
-        LIMIT p_limit
-    ), resolved AS (
-        UPDATE pgtasks_dependency e SET resolved = true, parent_status = p.parent_status
-        FROM picked p WHERE e.id = p.id AND e.resolved = v_open
+        LIMIT p_limit);
+    -- Each edge takes its parent's end from the mark (locked by the caller: it cannot
+    -- change or go before this transaction ends).
+    WITH resolved AS (
+        UPDATE pgtasks_dependency e SET resolved = true, parent_status = (
+            SELECT r.parent_status FROM pgtasks_pending_release r
+            WHERE r.parent_id = e.parent_id)
+        WHERE e.id = ANY (v_edges) AND e.resolved = v_open
         RETURNING e.child_id
     )
     SELECT array_agg(child_id ORDER BY child_id) INTO v_children FROM resolved;
@@ -68,31 +90,36 @@ BEGIN
     IF v_count > 0 THEN
         PERFORM 1 FROM pgtasks_workflow_member
         WHERE task_id = ANY (v_children) ORDER BY task_id FOR NO KEY UPDATE;
-        WITH lowered AS (
-            UPDATE pgtasks_workflow_member m SET remaining = m.remaining - c.n
-            FROM (SELECT child AS task_id, count(*)::integer AS n
+        -- A child is in v_children once per parent of the batch that it waits for: one
+        -- statement per such count (almost always only 1).
+        FOR v_times, v_lowered IN
+            SELECT n, array_agg(child ORDER BY child)
+            FROM (SELECT child, count(*)::integer AS n
                   FROM unnest(v_children) AS child GROUP BY child) c
-            WHERE m.task_id = c.task_id
-            RETURNING m.task_id, m.remaining
-        )
-        SELECT array_agg(task_id ORDER BY task_id) INTO v_settled
-        FROM lowered WHERE remaining <= 0;
-        IF v_settled IS NOT NULL THEN
-            -- The common case in one statement: children whose parents all succeeded (or
-            -- that run anyway) become READY. The rows are named by id on both sides and the
-            -- status by v_waiting (above), so each is one primary-key probe: with only
-            -- m.task_id = ANY (...), or with 'WAITING' written out, statistics that expect
-            -- few WAITING rows made the planner scan every waiting task for the batch.
-            WITH ready AS (
-                UPDATE pgtasks_task t SET status = 'READY', finished_at = NULL,
-                                          updated_at = statement_timestamp()
-                FROM pgtasks_workflow_member m
-                WHERE t.id = ANY (v_settled) AND m.task_id = ANY (v_settled)
-                  AND t.id = m.task_id AND t.status = v_waiting
+            GROUP BY n
+        LOOP
+            WITH lowered AS (
+                UPDATE pgtasks_workflow_member m SET remaining = m.remaining - v_times
+                WHERE m.task_id = ANY (v_lowered)
+                RETURNING m.task_id, m.remaining
+            )
+            SELECT v_settled || ARRAY(SELECT task_id FROM lowered WHERE remaining <= 0)
+            INTO v_settled;
+        END LOOP;
+        IF cardinality(v_settled) > 0 THEN
+            -- The common case in two statements: children whose parents all succeeded (or
+            -- that run anyway) become READY. The status is compared with v_waiting (above).
+            v_ready := ARRAY(
+                SELECT m.task_id FROM pgtasks_workflow_member m
+                WHERE m.task_id = ANY (v_settled)
                   AND (m.on_parent_failure = 'run' OR NOT EXISTS (
                       SELECT 1 FROM pgtasks_dependency d
                       WHERE d.child_id = m.task_id
-                        AND d.parent_status IS DISTINCT FROM 'SUCCESSFUL'))
+                        AND d.parent_status IS DISTINCT FROM 'SUCCESSFUL' OFFSET 0)));
+            WITH ready AS (
+                UPDATE pgtasks_task t SET status = 'READY', finished_at = NULL,
+                                          updated_at = statement_timestamp()
+                WHERE t.id = ANY (v_ready) AND t.status = v_waiting
                 RETURNING t.id
             )
             SELECT array_agg(id) INTO v_ready FROM ready;
@@ -107,7 +134,7 @@ BEGIN
     DELETE FROM pgtasks_pending_release r
     WHERE r.parent_id = ANY (p_parents)
       AND NOT EXISTS (SELECT 1 FROM pgtasks_dependency e
-                      WHERE e.parent_id = r.parent_id AND NOT e.resolved);
+                      WHERE e.parent_id = r.parent_id AND NOT e.resolved OFFSET 0);
     RETURN v_count;
 END
 $function$;
@@ -117,6 +144,7 @@ CREATE OR REPLACE FUNCTION pgtasks_settle(p_children bigint[])
  RETURNS void
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
     v_child record;
@@ -129,11 +157,12 @@ BEGIN
         WHERE task_id = ANY (p_children) AND remaining <= 0
         ORDER BY task_id
     LOOP
-        SELECT 'task ' || parent_id || ' ended ' || coalesce(parent_status, 'DELETED')
+        SELECT 'task ' || d.parent_id || ' ended ' || coalesce(d.parent_status, 'DELETED')
         INTO v_failed
-        FROM pgtasks_dependency
-        WHERE child_id = v_child.task_id AND parent_status IS DISTINCT FROM 'SUCCESSFUL'
-        ORDER BY child_id, parent_id LIMIT 1;
+        FROM (SELECT parent_id, parent_status FROM pgtasks_dependency
+              WHERE child_id = v_child.task_id
+                AND parent_status IS DISTINCT FROM 'SUCCESSFUL' OFFSET 0) d
+        ORDER BY d.parent_id LIMIT 1;
         v_status := CASE WHEN v_failed IS NULL OR v_child.on_parent_failure = 'run' THEN 'READY'
                          WHEN v_child.on_parent_failure = 'fail' THEN 'FAILED'
                          ELSE 'CANCELLED' END;

@@ -346,3 +346,40 @@ def test_a_release_batch_touches_rows_per_batch_under_statistics_that_expect_no_
     assert Task.objects.filter(status=Status.CANCELLED).count() == 200
     assert Task.objects.filter(status=Status.READY, pk__gt=succeeded.pk,
                                pk__lt=failed.pk).count() == 1000
+
+
+@pytest.mark.slow
+def test_a_release_batch_touches_rows_per_batch_in_tables_analyzed_sparse() -> None:
+    """Statistics taken after vacuum emptied most pages of the tables without truncating them
+    (a quiet period after a large workflow) make the planner scale a handful of live rows to
+    the tables' size: after the next fan-out it expects a few edges, waiting tasks and
+    members where there are thousands. A batch still reads rows in proportion to the batch."""
+    emptied = fan_out(5_000)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM pgtasks_dependency; DELETE FROM pgtasks_workflow_member; "
+                       "DELETE FROM pgtasks_task WHERE id >= %s", [emptied.pk])
+    chain(tasks.noop.build(), tasks.noop.build()).enqueue()
+    drain()
+    with connection.cursor() as cursor:
+        for table in ("pgtasks_dependency", "pgtasks_workflow_member", "pgtasks_task_live",
+                      "pgtasks_pending_release"):
+            cursor.execute(f"VACUUM (TRUNCATE false, ANALYZE) {table}")
+        cursor.execute("SELECT reltuples, relpages FROM pg_class "
+                       "WHERE relname = 'pgtasks_dependency'")
+        tuples, pages = cursor.fetchone()
+    # The state this test is about: a few live rows over many pages.
+    assert tuples < 10
+    assert pages > 20
+    children = 5_000
+    succeeded, failed = fan_out(children), fan_out(children)
+    Task.objects.filter(pk=succeeded.pk).update(status=Status.SUCCESSFUL)
+    Task.objects.filter(pk=failed.pk).update(status=Status.FAILED)
+
+    for parent, batch in ((succeeded, 1000), (failed, 200)):
+        with nested_plans(analyze=True) as plans, connection.cursor() as cursor:
+            cursor.execute("SELECT pgtasks_release(ARRAY[%s]::bigint[], %s)", [parent.pk, batch])
+            assert cursor.fetchone()[0] == batch
+        assert rows_touched(plans) <= 2 * batch, plans
+    assert Task.objects.filter(status=Status.CANCELLED).count() == 200
+    assert Task.objects.filter(status=Status.READY, pk__gt=succeeded.pk,
+                               pk__lt=failed.pk).count() == 1000
