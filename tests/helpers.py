@@ -96,6 +96,34 @@ def rows_touched(plans: list[str]) -> int:
     return most
 
 
+def sparse_statistics(rows: int = 5_000) -> None:
+    """Leave the workflow tables as a quiet period after a large workflow may: ``rows``
+    edges, members and tasks written then deleted, vacuum keeping the emptied pages
+    (``TRUNCATE false``), statistics taken over the few live rows left (one ended chain). The
+    planner then scales those few rows to the tables' many pages: after the next fan-out it
+    expects a handful of rows where there are thousands, and any condition to match all."""
+    from tests.testapp import tasks  # the handlers, registered on demand
+
+    first = tasks.noop.build()
+    Task.objects.enqueue_linked([first, *(tasks.noop.build() for _ in range(rows))],
+                                [[], *([[first]] * rows)])
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM pgtasks_dependency; DELETE FROM pgtasks_workflow_member; "
+                       "DELETE FROM pgtasks_task WHERE id >= %s", [first.pk])
+    head = tasks.noop.build()
+    Task.objects.enqueue_linked([head, tasks.noop.build()], [[], [head]])
+    assert Worker(concurrency=1, burst=True).run(install_signals=False) == 0
+    with connection.cursor() as cursor:
+        for table in ("pgtasks_dependency", "pgtasks_workflow_member", "pgtasks_task_live",
+                      "pgtasks_pending_release"):
+            cursor.execute(f"VACUUM (TRUNCATE false, ANALYZE) {table}")
+        cursor.execute("SELECT reltuples, relpages FROM pg_class "
+                       "WHERE relname = 'pgtasks_dependency'")
+        tuples, pages = cursor.fetchone()
+    assert tuples < 10  # a few live rows...
+    assert pages > rows // 500  # ...over many pages
+
+
 def assert_reads_only_the_window(plan: str, since: datetime, now: datetime) -> None:
     """``plan`` reads the tasks of the window from ``since`` to ``now`` (at most a few days)
     out of a long history: it reads whole (a sequential scan of a large table) only the

@@ -183,15 +183,20 @@ $function$;
 CREATE OR REPLACE FUNCTION pgtasks_resolve_child(p_child bigint, p_parents bigint[], p_statuses text[])
  RETURNS void
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
     v_count integer;
     v_remaining integer;
+    v_open CONSTANT boolean := false;
 BEGIN
+    -- The child's own edges (child_id leads the unique index), each given its parent's end.
     WITH resolved AS (
-        UPDATE pgtasks_dependency e SET resolved = true, parent_status = p.status
-        FROM unnest(p_parents, p_statuses) AS p(id, status)
-        WHERE e.child_id = p_child AND e.parent_id = p.id AND NOT e.resolved
+        UPDATE pgtasks_dependency e SET resolved = true,
+                                        parent_status = p_statuses[array_position(p_parents,
+                                                                                  e.parent_id)]
+        WHERE e.child_id = p_child AND e.parent_id = ANY (p_parents) AND e.resolved = v_open
         RETURNING 1
     )
     SELECT count(*) INTO v_count FROM resolved;
@@ -271,22 +276,28 @@ $function$;
 -- the parents it still counts, in id order (a parent that ends, moving to history, while the
 -- lock waits makes the lock fail instead of following the row, so lock again where it is
 -- now: each failure means that a parent ended meanwhile), flag them has_dependents, and
--- count off those that ended before. A parent found pending is remembered for the rest of
--- the transaction (pgtasks.pending_parents): locked by this transaction until it commits,
--- it cannot end before, so the next children of a large fan-out from it have nothing to do
--- and take no lock and no subtransaction of their own (20,000 children: one of each, not
--- 20,000). It remembers the 64 most recent: a list that only grew would make each child of
--- 20,000 distinct parents read a longer one. The open edges are found with v_open (above).
+-- count off those that ended before (or are gone). A parent locked here is remembered for
+-- the rest of the transaction, which holds its lock until it commits: one found pending
+-- (pgtasks.pending_parents) cannot end before, so the next children that wait only for
+-- such parents have nothing to do; one found ended or gone (pgtasks.ended_parents) cannot
+-- change but by this transaction, so the next children count it off from its row, read
+-- again, with no lock. Either way a large fan-out from an earlier task takes one lock and
+-- one subtransaction, not one per child. Each list keeps the 64 most recent: a list that
+-- only grew would make each child of 20,000 distinct parents read a longer one. The open
+-- edges are found with v_open (above).
 -- name: function pgtasks_member_committing
 CREATE OR REPLACE FUNCTION pgtasks_member_committing()
  RETURNS trigger
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
     v_parents bigint[];
     v_locked bigint[];
     v_pending bigint[];
+    v_ended bigint[];
+    v_found bigint[];
     v_tries integer := 0;
     v_open CONSTANT boolean := false;
 BEGIN
@@ -295,40 +306,51 @@ BEGIN
         WHERE d.child_id = NEW.task_id AND d.resolved = v_open);
     v_pending := coalesce(
         nullif(current_setting('pgtasks.pending_parents', true), '')::bigint[], '{}');
-    IF v_parents <@ v_pending THEN
-        RETURN NULL;
+    v_ended := coalesce(
+        nullif(current_setting('pgtasks.ended_parents', true), '')::bigint[], '{}');
+    IF v_parents <@ (v_pending || v_ended) THEN
+        v_parents := ARRAY(SELECT unnest(v_parents) INTERSECT SELECT unnest(v_ended));
+    ELSE
+        LOOP
+            BEGIN
+                v_locked := ARRAY(
+                    SELECT t.id FROM pgtasks_task t WHERE t.id = ANY (v_parents)
+                    ORDER BY t.id
+                    FOR NO KEY UPDATE OF t);
+                EXIT;
+            EXCEPTION WHEN serialization_failure THEN
+                v_tries := v_tries + 1;
+                IF v_tries > 100 THEN
+                    RAISE;
+                END IF;
+            END;
+        END LOOP;
+        UPDATE pgtasks_task SET has_dependents = true
+        WHERE id = ANY (v_locked) AND NOT has_dependents;
+        v_found := ARRAY(
+            SELECT t.id FROM pgtasks_task t
+            WHERE t.id = ANY (v_locked) AND t.status IN ('WAITING', 'READY', 'RUNNING',
+                                                         'AWAITING_RETRY'));
+        PERFORM set_config('pgtasks.pending_parents', (ARRAY(
+            SELECT unnest(v_found) EXCEPT SELECT unnest(v_pending)) || v_pending)[1:64]::text,
+            true);
+        -- The others have ended, or are gone: counted off below, and remembered.
+        v_parents := ARRAY(SELECT unnest(v_parents) EXCEPT SELECT unnest(v_found));
+        PERFORM set_config('pgtasks.ended_parents', (ARRAY(
+            SELECT unnest(v_parents) EXCEPT SELECT unnest(v_ended)) || v_ended)[1:64]::text,
+            true);
     END IF;
-    LOOP
-        BEGIN
-            v_locked := ARRAY(
-                SELECT t.id FROM pgtasks_task t WHERE t.id = ANY (v_parents)
-                ORDER BY t.id
-                FOR NO KEY UPDATE OF t);
-            EXIT;
-        EXCEPTION WHEN serialization_failure THEN
-            v_tries := v_tries + 1;
-            IF v_tries > 100 THEN
-                RAISE;
-            END IF;
-        END;
-    END LOOP;
-    UPDATE pgtasks_task SET has_dependents = true
-    WHERE id = ANY (v_locked) AND NOT has_dependents;
-    PERFORM pgtasks_resolve_child(NEW.task_id, array_agg(t.id), array_agg(t.status::text))
-    FROM pgtasks_task t
-    WHERE t.id = ANY (v_locked) AND t.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
-    HAVING count(*) > 0;
-    PERFORM pgtasks_resolve_child(NEW.task_id, array_agg(d.parent_id),
-                                  array_agg('DELETED'::text))
-    FROM pgtasks_dependency d
-    WHERE d.child_id = NEW.task_id AND d.resolved = v_open
-      AND NOT (d.parent_id = ANY (v_locked))
-    HAVING count(*) > 0;
-    PERFORM set_config('pgtasks.pending_parents', (ARRAY(
-        SELECT t.id FROM pgtasks_task t
-        WHERE t.id = ANY (v_locked) AND t.status IN ('WAITING', 'READY', 'RUNNING',
-                                                     'AWAITING_RETRY')
-          AND NOT (t.id = ANY (v_pending))) || v_pending)[1:64]::text, true);
+    IF cardinality(v_parents) > 0 THEN
+        v_found := ARRAY(SELECT t.id FROM pgtasks_task t WHERE t.id = ANY (v_parents));
+        PERFORM pgtasks_resolve_child(NEW.task_id, array_agg(t.id), array_agg(t.status::text))
+        FROM pgtasks_task t
+        WHERE t.id = ANY (v_parents) AND t.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
+        HAVING count(*) > 0;
+        PERFORM pgtasks_resolve_child(NEW.task_id, array_agg(p), array_agg('DELETED'::text))
+        FROM unnest(v_parents) AS p
+        WHERE NOT (p = ANY (v_found))
+        HAVING count(*) > 0;
+    END IF;
     RETURN NULL;
 END
 $function$;

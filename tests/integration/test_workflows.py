@@ -29,7 +29,14 @@ from django_pgtasks.models import (
 from django_pgtasks.patterns.retention import purge
 from django_pgtasks.worker.loop import Worker
 from django_pgtasks.workflows import chain, group
-from tests.helpers import large_seq_scans, nested_plans, rows_touched, run_workers, wait_until
+from tests.helpers import (
+    large_seq_scans,
+    nested_plans,
+    rows_touched,
+    run_workers,
+    sparse_statistics,
+    wait_until,
+)
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -250,18 +257,80 @@ def test_the_commit_check_of_a_fan_out_from_an_earlier_task_locks_it_once() -> N
 def test_the_commit_check_still_counts_off_a_parent_that_ended_beside_a_remembered_one() -> None:
     """After children of a pending parent, a child of that parent *and* of one that has
     ended is checked in full: the ended parent is counted off, the pending one still counted;
-    so is a child of the ended parent alone."""
+    a child of the ended parent alone is counted off too, from the parent this transaction
+    has locked and remembers, with no lock of its own."""
     pending = Task.objects.enqueue(tasks.wf_add, 1)
     ended = Task.objects.enqueue(tasks.wf_add, 2)
     Task.objects.filter(pk=ended.pk).update(status=Status.SUCCESSFUL)
     children = [tasks.wf_add.build(i) for i in range(3)]
     locks = _commit_check_locks(children, [[pending], [pending, ended], [ended]])
-    assert locks == 3  # the first child, then each child with the parent that ended
+    assert locks == 2  # the first child, then the first child with the parent that ended
     remaining = dict(WorkflowMember.objects.filter(task_id__in=[c.pk for c in children])
                      .values_list("task_id", "remaining"))
     assert [remaining[c.pk] for c in children] == [1, 1, 0]
     assert [Task.objects.get(pk=c.pk).status for c in children] == [
         Status.WAITING, Status.WAITING, Status.READY]
+
+
+def test_the_commit_check_of_a_fan_out_from_tasks_that_ended_locks_each_once() -> None:
+    """1,000 children of a task that succeeded and 1,000 of one that failed, enqueued after
+    they ended: the check at their commit locks each parent once, not once per child, and
+    still counts each child off: the first become READY, the others end by their policy."""
+    succeeded = Task.objects.enqueue(tasks.wf_add, 1)
+    failed = Task.objects.enqueue(tasks.wf_add, 2)
+    Task.objects.filter(pk=succeeded.pk).update(status=Status.SUCCESSFUL)
+    Task.objects.filter(pk=failed.pk).update(status=Status.FAILED)
+    children = [tasks.wf_add.build(i) for i in range(2000)]
+    assert _commit_check_locks(children, [[succeeded]] * 1000 + [[failed]] * 1000) == 2
+    ids = [c.pk for c in children]
+    assert Task.objects.filter(pk__in=ids[:1000], status=Status.READY).count() == 1000
+    assert Task.objects.filter(pk__in=ids[1000:], status=Status.CANCELLED,
+                               error_text__contains=f"task {failed.pk} ended FAILED").count() \
+        == 1000
+    assert set(WorkflowMember.objects.filter(task_id__in=ids)
+               .values_list("remaining", flat=True)) == {0}
+
+
+def status(task: Task) -> str:
+    return Task.objects.get(pk=task.pk).status
+
+
+def test_a_remembered_parent_that_the_transaction_reopens_is_waited_for_again() -> None:
+    """The check remembers a parent it found ended, but reads its row again for each child:
+    retried in the same transaction after a first child was counted off (and cancelled), the
+    parent is waited for by the next child, and by the first, re-opened by the retry."""
+    parent = Task.objects.enqueue(tasks.wf_add, 1)
+    Task.objects.filter(pk=parent.pk).update(status=Status.FAILED)
+    first, second = tasks.wf_add.build(1), tasks.wf_add.build(2)
+    with transaction.atomic():
+        Task.objects.enqueue_linked([first], [[parent]])
+        with connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS pgtasks_member_committing IMMEDIATE")
+            assert status(first) == Status.CANCELLED
+            assert Task.objects.filter(pk=parent.pk).retry_now() == 1
+            cursor.execute("SET CONSTRAINTS pgtasks_member_committing DEFERRED")
+        Task.objects.enqueue_linked([second], [[parent]])
+    assert (status(parent), status(first), status(second)) == (
+        Status.READY, Status.WAITING, Status.WAITING)
+
+
+@pytest.mark.slow
+def test_the_commit_check_reads_each_childs_own_edges_in_tables_analyzed_sparse() -> None:
+    """Under statistics that scale a few live rows to the tables' many empty pages (see
+    test_release), counting off 2,000 children of a task that ended reads each child's own
+    edges, not the parent's 2,000 (nor the whole table) once per child."""
+    sparse_statistics()
+    parent = Task.objects.enqueue(tasks.wf_add, 1)
+    Task.objects.filter(pk=parent.pk).update(status=Status.SUCCESSFUL)
+    children = [tasks.wf_add.build(i) for i in range(2000)]
+    with transaction.atomic():
+        Task.objects.enqueue_linked(children, [[parent]] * 2000)
+        with nested_plans(analyze=True) as plans, connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS pgtasks_member_committing IMMEDIATE")
+    assert len(plans) > 2000  # each child's statements were seen
+    assert rows_touched(plans) <= 10, max(plans, key=lambda p: rows_touched([p]))
+    assert Task.objects.filter(pk__in=[c.pk for c in children], status=Status.READY).count() \
+        == 2000
 
 
 def test_the_commit_check_remembers_only_the_most_recent_pending_parents() -> None:
