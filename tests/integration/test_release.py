@@ -295,13 +295,13 @@ def fan_out(n: int) -> Task:
 
 @pytest.mark.slow
 def test_every_statement_of_a_release_batch_reads_through_an_index() -> None:
-    """With 20,000 edges already resolved and 20,000 more waiting, a release batch's
+    """With 5,000 edges already resolved and 5,000 more waiting, a release batch's
     statements (inside the database's functions, shown by auto_explain) read no large table
     in full."""
-    done = fan_out(20_000)
+    done = fan_out(5_000)
     Task.objects.filter(pk=done.pk).update(status=Status.SUCCESSFUL)
     release_all("default")
-    waiting = fan_out(20_000)
+    waiting = fan_out(5_000)
     Task.objects.filter(pk=waiting.pk).update(status=Status.SUCCESSFUL)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgtasks_dependency; ANALYZE pgtasks_workflow_member; "
@@ -355,8 +355,8 @@ def test_a_release_batch_touches_rows_per_batch_in_tables_analyzed_sparse() -> N
     (a quiet period after a large workflow) make the planner scale a handful of live rows to
     the tables' size: after the next fan-out it expects a few edges, waiting tasks and
     members where there are thousands. A batch still reads rows in proportion to the batch."""
-    sparse_statistics()
-    children = 5_000
+    sparse_statistics(3_000)
+    children = 3_000
     succeeded, failed = fan_out(children), fan_out(children)
     Task.objects.filter(pk=succeeded.pk).update(status=Status.SUCCESSFUL)
     Task.objects.filter(pk=failed.pk).update(status=Status.FAILED)

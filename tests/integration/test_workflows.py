@@ -273,20 +273,20 @@ def test_the_commit_check_still_counts_off_a_parent_that_ended_beside_a_remember
 
 
 def test_the_commit_check_of_a_fan_out_from_tasks_that_ended_locks_each_once() -> None:
-    """1,000 children of a task that succeeded and 1,000 of one that failed, enqueued after
+    """300 children of a task that succeeded and 300 of one that failed, enqueued after
     they ended: the check at their commit locks each parent once, not once per child, and
     still counts each child off: the first become READY, the others end by their policy."""
     succeeded = Task.objects.enqueue(tasks.wf_add, 1)
     failed = Task.objects.enqueue(tasks.wf_add, 2)
     Task.objects.filter(pk=succeeded.pk).update(status=Status.SUCCESSFUL)
     Task.objects.filter(pk=failed.pk).update(status=Status.FAILED)
-    children = [tasks.wf_add.build(i) for i in range(2000)]
-    assert _commit_check_locks(children, [[succeeded]] * 1000 + [[failed]] * 1000) == 2
+    children = [tasks.wf_add.build(i) for i in range(600)]
+    assert _commit_check_locks(children, [[succeeded]] * 300 + [[failed]] * 300) == 2
     ids = [c.pk for c in children]
-    assert Task.objects.filter(pk__in=ids[:1000], status=Status.READY).count() == 1000
-    assert Task.objects.filter(pk__in=ids[1000:], status=Status.CANCELLED,
+    assert Task.objects.filter(pk__in=ids[:300], status=Status.READY).count() == 300
+    assert Task.objects.filter(pk__in=ids[300:], status=Status.CANCELLED,
                                error_text__contains=f"task {failed.pk} ended FAILED").count() \
-        == 1000
+        == 300
     assert set(WorkflowMember.objects.filter(task_id__in=ids)
                .values_list("remaining", flat=True)) == {0}
 
@@ -317,20 +317,20 @@ def test_a_remembered_parent_that_the_transaction_reopens_is_waited_for_again() 
 @pytest.mark.slow
 def test_the_commit_check_reads_each_childs_own_edges_in_tables_analyzed_sparse() -> None:
     """Under statistics that scale a few live rows to the tables' many empty pages (see
-    test_release), counting off 2,000 children of a task that ended reads each child's own
-    edges, not the parent's 2,000 (nor the whole table) once per child."""
-    sparse_statistics()
+    test_release), counting off 500 children of a task that ended reads each child's own
+    edges, not the parent's 500 (nor the whole table) once per child."""
+    sparse_statistics(2_000)
     parent = Task.objects.enqueue(tasks.wf_add, 1)
     Task.objects.filter(pk=parent.pk).update(status=Status.SUCCESSFUL)
-    children = [tasks.wf_add.build(i) for i in range(2000)]
+    children = [tasks.wf_add.build(i) for i in range(500)]
     with transaction.atomic():
-        Task.objects.enqueue_linked(children, [[parent]] * 2000)
+        Task.objects.enqueue_linked(children, [[parent]] * 500)
         with nested_plans(analyze=True) as plans, connection.cursor() as cursor:
             cursor.execute("SET CONSTRAINTS pgtasks_member_committing IMMEDIATE")
-    assert len(plans) > 2000  # each child's statements were seen
+    assert len(plans) > 500  # each child's statements were seen
     assert rows_touched(plans) <= 10, max(plans, key=lambda p: rows_touched([p]))
     assert Task.objects.filter(pk__in=[c.pk for c in children], status=Status.READY).count() \
-        == 2000
+        == 500
 
 
 def test_the_commit_check_remembers_only_the_most_recent_pending_parents() -> None:
