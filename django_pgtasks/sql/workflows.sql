@@ -341,14 +341,14 @@ BEGIN
             true);
     END IF;
     IF cardinality(v_parents) > 0 THEN
-        v_found := ARRAY(SELECT t.id FROM pgtasks_task t WHERE t.id = ANY (v_parents));
-        PERFORM pgtasks_resolve_child(NEW.task_id, array_agg(t.id), array_agg(t.status::text))
-        FROM pgtasks_task t
-        WHERE t.id = ANY (v_parents) AND t.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
-        HAVING count(*) > 0;
-        PERFORM pgtasks_resolve_child(NEW.task_id, array_agg(p), array_agg('DELETED'::text))
+        -- Each parent's end, read by its id (a probe per parent): its status, or DELETED
+        -- where its row is gone. One that this transaction re-opened is still counted.
+        PERFORM pgtasks_resolve_child(NEW.task_id, array_agg(p),
+                                      array_agg(coalesce(t.status::text, 'DELETED')))
         FROM unnest(v_parents) AS p
-        WHERE NOT (p = ANY (v_found))
+        LEFT JOIN LATERAL (SELECT t.status FROM pgtasks_task t WHERE t.id = p OFFSET 0) t
+            ON true
+        WHERE t.status IS NULL OR t.status IN ('SUCCESSFUL', 'FAILED', 'CANCELLED')
         HAVING count(*) > 0;
     END IF;
     RETURN NULL;

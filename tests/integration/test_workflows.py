@@ -363,6 +363,33 @@ def test_a_deleted_parent_counts_as_not_succeeded() -> None:
     assert Task.objects.parent_outcomes(child)[0].status == "DELETED"
 
 
+def test_a_parent_deleted_while_its_children_are_being_enqueued_counts_as_not_succeeded() -> None:
+    """The check at the commit counts a parent deleted meanwhile (by another transaction) as
+    DELETED: for the first child, which finds no row to lock, and for the next one, from the
+    check's memory."""
+    parent = Task.objects.enqueue(tasks.wf_add, 1)
+    children = [tasks.wf_add.build(i) for i in range(2)]
+
+    def delete() -> None:
+        try:
+            Task.objects.filter(pk=parent.pk).delete()
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        Task.objects.enqueue_linked(children, [[parent]] * 2)
+        deleted = threading.Thread(target=delete)
+        deleted.start()
+        deleted.join()  # committed
+        with nested_plans() as plans, connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS pgtasks_member_committing IMMEDIATE")
+    assert sum("FOR NO KEY UPDATE OF t" in plan for plan in plans) == 1
+    for child in children:
+        child.refresh_from_db()
+        assert child.status == Status.CANCELLED
+        assert f"task {parent.pk} ended DELETED" in child.error_text
+
+
 def test_the_outcome_of_a_purged_parent_is_read_from_the_archive_else_from_its_edge(
         settings) -> None:
     settings.PGTASKS = {**settings.PGTASKS, "ARCHIVE": True}
