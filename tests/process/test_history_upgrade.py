@@ -7,6 +7,7 @@ Each test uses a database of its own, migrated to 0013 and filled with SQL.
 
 from __future__ import annotations
 
+import importlib
 import signal
 import subprocess
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+#: Rows per batch of the migration's moves.
+BATCH = importlib.import_module("django_pgtasks.migrations.0014_partitioned_history").BATCH
 FINISHED = 25_000  # three batches of the migration's 10,000
 LIVE = 300
 
@@ -140,30 +143,66 @@ def test_the_upgrade_keeps_every_row_in_its_place_and_the_downgrade_brings_them_
     migrate(run_in, env, "0014")  # and up again
 
 
+#: The advisory lock the test holds to stop the migration in its last batch.
+HELD = 7_014_014
+
+#: A fault, injected: a row trigger on the old table that waits for :data:`HELD` when the row
+#: of the last batch's first id is deleted. The migration then stops, deterministically, with
+#: its first batches committed and the last one in flight.
+STOP_IN_LAST_BATCH = f"""
+CREATE FUNCTION test_stop_in_last_batch() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock({HELD});
+    RETURN OLD;
+END
+$$;
+CREATE TRIGGER test_stop_in_last_batch BEFORE DELETE ON pgtasks_task
+    FOR EACH ROW WHEN (OLD.id = {2 * BATCH + 1}) EXECUTE FUNCTION test_stop_in_last_batch();
+"""
+
+
 def test_a_migration_killed_while_moving_rows_is_finished_by_running_it_again(
         empty_database, run_in) -> None:
+    """The migration is killed (kill -9, its session terminated) between its batches: the
+    first two committed, the third in flight, held by an injected trigger, not by timing."""
     env = empty_database
     rows, edges, _last = seeded(run_in, env)
-    with connect(env) as conn:  # more history, so that the moves take a while
-        conn.execute(SEED.split(";")[0].replace(f"{FINISHED}) AS i", "300000) AS i"))
-        rows = conn.execute(SNAPSHOT).fetchall()
-    process = subprocess.Popen(manage_command("migrate", "django_pgtasks", "0014"), env=env,
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        with connect(env) as conn:
-            def moving() -> bool:
-                if conn.execute("SELECT to_regclass('pgtasks_task_done') IS NULL").fetchone()[0]:
-                    return False
-                return conn.execute("SELECT count(*) FROM pgtasks_task_done").fetchone()[0] > 0
-            wait_until(moving, what="the first batches of the migration to commit")
-        process.send_signal(signal.SIGKILL)
-        process.wait(30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    with connect(env) as conn:
+    with connect(env) as holder, connect(env) as conn:
+        conn.execute(STOP_IN_LAST_BATCH)
+        holder.execute("SELECT pg_advisory_lock(%s)", [HELD])
+        process = subprocess.Popen(manage_command("migrate", "django_pgtasks", "0014"),
+                                   env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        try:
+            waiting: list[int] = []
+
+            def stopped() -> bool:
+                waiting[:] = [pid for (pid,) in conn.execute(
+                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
+                    "AND NOT granted AND database = (SELECT oid FROM pg_database "
+                    "WHERE datname = current_database())", [HELD])]
+                return bool(waiting)
+            wait_until(stopped, what="the migration to reach its last batch")
+            [pid] = waiting
+            moved = conn.execute("SELECT (SELECT count(*) FROM pgtasks_task_done) + "
+                                 "(SELECT count(*) FROM pgtasks_task_failed)").fetchone()[0]
+            assert moved == 2 * BATCH  # two batches committed, the third not
+            process.send_signal(signal.SIGKILL)
+            process.wait(30)
+            conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+        finally:
+            if process.poll() is None:
+                process.kill()
+        holder.execute("SELECT pg_advisory_unlock(%s)", [HELD])
+        wait_until(lambda: not conn.execute("SELECT EXISTS (SELECT FROM pg_stat_activity "
+                                            "WHERE pid = %s)", [pid]).fetchone()[0],
+                   what="the migration's session to end")
         assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'pgtasks_task'"
                             ).fetchone()[0] == "r"  # the swap never ran
+        assert conn.execute("SELECT count(*) FROM pgtasks_task").fetchone()[0] == (
+            len(rows) - 2 * BATCH)  # the third batch rolled back: its rows are still here
+        conn.execute("DROP TRIGGER test_stop_in_last_batch ON pgtasks_task; "
+                     "DROP FUNCTION test_stop_in_last_batch()")
     migrate(run_in, env, "0014")
     with connect(env) as conn:
         assert conn.execute(SNAPSHOT).fetchall() == rows
