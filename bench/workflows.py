@@ -16,7 +16,11 @@ In a scratch database (``pgtasks_bench_workflows``, dropped at the end), with on
    step from the first start to the last finish (release, wake-up, claim, run, record);
 4. fan-out: one parent with F children (``--fan-out 1,1000,100000``): the time from the
    parent's end to the first child's start (its release mark, the releaser's first batch,
-   the wake-up and claim), and to the last child's start (releases and the drain together).
+   the wake-up and claim), and to the last child's start (releases and the drain together);
+5. late children: L children (``--late 20000``) enqueued in one transaction against a parent
+   enqueued before it, once while the parent is pending (due in an hour) and once after it
+   ended: the time of the transaction's commit, which is the check of the children's
+   parents (it locks the parent once, then counts each child of an ended parent off).
 
 Every figure is the median of ``--repeat`` runs.
 """
@@ -87,12 +91,16 @@ def main() -> None:
     parser.add_argument("--chain", type=int, default=500, help="steps of the chain")
     parser.add_argument("--fan-out", default="1,1000,100000",
                         help="children of one parent, comma-separated sizes")
+    parser.add_argument("--late", type=int, default=20_000,
+                        help="children enqueued after their parent, pending then ended")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     recreate_database(DATABASE)
     worker = None
     try:
         setup_django()
+        from django.db import transaction
+
         from django_pgtasks.models import Task
         from django_pgtasks.workflows import chain, group
 
@@ -101,6 +109,7 @@ def main() -> None:
         fan_outs = [int(size) for size in args.fan_out.split(",") if size]
         fan_first: dict[int, list[float]] = {}
         fan_last: dict[int, list[float]] = {}
+        late_s: dict[str, list[float]] = {"pending": [], "ended": []}
         with connect(DATABASE) as conn:
             worker = start_worker()
             wait(conn, "SELECT count(*) > 0 FROM pgtasks_worker", 60)
@@ -151,6 +160,18 @@ def main() -> None:
                         "GROUP BY p.finished_at", [parent.pk]).fetchone()
                     fan_first.setdefault(size, []).append(first)
                     fan_last.setdefault(size, []).append(last)
+                for state in late_s if args.late else ():
+                    conn.execute("TRUNCATE pgtasks_task")
+                    parent = Task.objects.enqueue(
+                        "bench.noop", delay=3600 if state == "pending" else None)
+                    if state == "ended":
+                        wait(conn, f"SELECT status = 'SUCCESSFUL' FROM pgtasks_task "
+                                   f"WHERE id = {parent.pk}")
+                    children = [Task.objects.build("bench.noop") for _ in range(args.late)]
+                    with transaction.atomic():
+                        Task.objects.enqueue_linked(children, [[parent]] * len(children))
+                        enqueued = time.perf_counter()
+                    late_s[state].append(time.perf_counter() - enqueued)  # the commit
         med = statistics.median
         print(f"Enqueue of {n:,} tasks in one transaction: enqueue_many() {med(plain_s):.3f} s, "
               f"group(..., then=callback) {med(group_s):.3f} s "
@@ -164,6 +185,10 @@ def main() -> None:
         for size, firsts in fan_first.items():
             print(f"Fan-out of {size:,} children: the first child started {med(firsts):.1f} ms "
                   f"after the parent ended, the last {med(fan_last[size]) / 1000:.2f} s after")
+        if args.late:
+            print(f"{args.late:,} children of an earlier parent in one transaction, its "
+                  f"commit: {med(late_s['pending']):.2f} s while the parent is pending, "
+                  f"{med(late_s['ended']):.2f} s after it ended")
     finally:
         if worker is not None:
             worker.terminate()
