@@ -109,13 +109,12 @@ def started_processes(env: dict[str, str]) -> Iterator[Callable[..., subprocess.
     try:
         yield start
     finally:
-        from tests.helpers import kill_process_tree
+        from tests.helpers import close_output, kill_process_tree
 
         for process in processes:
             kill_process_tree(process)
             process.wait(timeout=10)
-            if process.stdout:
-                process.stdout.close()
+            close_output(process)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -368,6 +369,22 @@ def run_workers(workers: list[Worker], until: Callable[[], bool] | None = None,
     return workers
 
 
+#: The thread of each :class:`Output` reading a child's pipe, for :func:`close_output`.
+_readers: weakref.WeakKeyDictionary[subprocess.Popen, threading.Thread] = (
+    weakref.WeakKeyDictionary())
+
+
+def close_output(process: subprocess.Popen, timeout: float = 10) -> None:
+    """Close the pipe of a child that has ended, once an :class:`Output` reading it has read
+    it to its end: closing it under the reader's feet fails the reader's thread (``I/O
+    operation on closed file``), which fails the test at its teardown."""
+    reader = _readers.get(process)
+    if reader is not None:
+        reader.join(timeout)
+    if process.stdout and not (reader and reader.is_alive()):
+        process.stdout.close()
+
+
 class Output:
     """Collects a child's output lines in the background so tests can wait for one."""
 
@@ -376,6 +393,7 @@ class Output:
         self._process = process
         self._drained = False
         self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        _readers[process] = self._thread
         self._thread.start()
 
     def _read(self, process: subprocess.Popen) -> None:
