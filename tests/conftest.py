@@ -13,11 +13,12 @@ import psycopg
 import pytest
 from django.db import connection, connections
 
-from tests import fast_flush, second_server
+from tests import fast_flush, kept_connections, second_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
 fast_flush.install()
+kept_connections.install()
 
 
 @pytest.fixture

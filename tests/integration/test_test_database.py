@@ -1,15 +1,18 @@
-"""The suite's own emptying of the database after a transactional test (tests/fast_flush.py):
-what ``migrate`` put there survives when a test left it alone, and comes back when it did not.
-"""
+"""The suite's own teardown of a transactional test: the emptying of the database
+(tests/fast_flush.py), where what ``migrate`` put there survives when a test left it alone and
+comes back when it did not; and the connections kept for the next test (tests/kept_connections.py),
+each session reset as a new connection finds it."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
+from django.db import connection, transaction
 
 from django_pgtasks.models import Task
-from tests import fast_flush
+from tests import fast_flush, kept_connections
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,3 +55,57 @@ def test_a_test_that_changed_them_gets_them_back_as_migrate_made_them(change: st
 
     assert empty_and_refill() is True
     assert set(Permission.objects.values_list("codename", flat=True)) == codenames
+
+
+# -- kept connections --------------------------------------------------------------------------
+
+#: What a session shows of the state that a test can leave behind in it.
+SESSION_STATE = """
+SELECT pg_backend_pid(),
+       (SELECT array_agg(name || '=' || setting ORDER BY name) FROM pg_settings
+        WHERE source NOT IN ('default', 'configuration file', 'override')),
+       current_setting('TimeZone'), session_user = current_user,
+       (SELECT count(*) FROM pg_listening_channels()),
+       (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+          AND pid = pg_backend_pid()),
+       (SELECT count(*) FROM pg_cursors), to_regclass('pg_temp.left_behind')
+"""
+
+
+def session_state() -> tuple:
+    with connection.cursor() as cursor:
+        cursor.execute(SESSION_STATE)
+        return cursor.fetchone()
+
+
+def test_a_kept_connection_is_reset_as_a_new_one_finds_its_session() -> None:
+    connection.close()
+    new = session_state()  # a new connection, set up by Django
+    assert new[2] == "UTC"
+    with connection.cursor() as cursor:
+        for statement in ("SET statement_timeout = '1s'", "SET application_name = 'left'",
+                          "SET TIME ZONE 'Asia/Tokyo'", "SET ROLE pg_read_all_data",
+                          "LISTEN left_behind", "SELECT pg_advisory_lock(4242)",
+                          "CREATE TEMP TABLE left_behind (x int)",
+                          "DECLARE left_behind CURSOR WITH HOLD FOR SELECT 1"):
+            cursor.execute(statement)
+    left = session_state()
+    assert left[0] == new[0]
+    assert left[1:] != new[1:]
+
+    assert kept_connections.reset_session(connection) is True
+    assert session_state() == new  # the same server process, as a new connection finds it
+
+
+def test_a_connection_in_a_transaction_or_lost_is_not_kept() -> None:
+    with transaction.atomic():
+        assert kept_connections.reset_session(connection) is False
+    pid = session_state()[0]
+    s = connection.settings_dict
+    with psycopg.connect(host=s["HOST"] or None, port=s["PORT"] or None,
+                         user=s["USER"] or None, password=s["PASSWORD"] or None,
+                         dbname=s["NAME"], autocommit=True) as other:
+        # Once it returns true, the backend is gone (it waits up to 10 s for that).
+        assert other.execute("SELECT pg_terminate_backend(%s, 10000)", [pid]).fetchone()[0]
+    assert kept_connections.reset_session(connection) is False
+    connection.close()
