@@ -41,10 +41,10 @@ DISCARD SEQUENCES
 
 
 def reset_session(connection: BaseDatabaseWrapper) -> bool:
-    """Reset the session of ``connection`` as a new connection finds it; ``False`` (nothing
-    done) where that cannot be done and the connection must be closed instead."""
+    """Reset the session of ``connection`` as a new connection finds it; ``False`` where
+    that cannot be done, or failed partway, and the connection must be closed instead."""
     if (connection.vendor != "postgresql" or connection.connection is None
-            or getattr(connection, "pool", None) is not None
+            or connection.pool is not None
             or not connection.get_autocommit() or connection.in_atomic_block
             or connection.needs_rollback or connection.run_on_commit
             or connection.connection.info.transaction_status != TransactionStatus.IDLE):
